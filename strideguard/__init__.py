@@ -1,0 +1,32 @@
+"""strideguard: every output of an AOTInductor-compiled method comes back dense.
+
+``inspect`` finds the outputs that would come back strided or aliased and says
+why; ``densify_outputs`` and ``prepare_for_aoti`` fix the program before
+compilation with the cheapest copies; ``verify`` compiles, runs and proves it.
+"""
+
+from .api import densify_outputs, inspect, prepare_for_aoti
+from .records import (
+    Action,
+    Alias,
+    AliasKind,
+    LayoutReport,
+    OutputCheck,
+    OutputLayout,
+    VerifyReport,
+)
+from .verify import verify
+
+__all__ = [
+    "Action",
+    "Alias",
+    "AliasKind",
+    "LayoutReport",
+    "OutputCheck",
+    "OutputLayout",
+    "VerifyReport",
+    "densify_outputs",
+    "inspect",
+    "prepare_for_aoti",
+    "verify",
+]

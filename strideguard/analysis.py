@@ -1,0 +1,273 @@
+"""Facts about each user output, computed once.
+
+For every user output of a method this works out, from the graph alone, what
+the compiled method will hand back: which view chain produces it and of what
+base, the strides AOTInductor gives it, the layout it must have, what it
+shares memory with, and whether (and why) it needs one copy. The passes and
+the reports only read these records.
+
+Views are told from copies by storage identity of the fake tensors in
+``meta["val"]`` (a ``reshape`` that had to copy is not a view), so the analysis
+agrees with the tracer rather than with op names.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+from torch.export.graph_signature import ExportGraphSignature
+from torch.fx import Node
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from . import layout
+from .dialect import Dialect, aten_op, is_higher_order, is_view_op
+from .program import UserOutput, output_values, placeholder_roles, user_outputs
+from .records import Action, Alias, AliasKind, LayoutReport, OutputLayout
+
+_WEIGHT_KINDS = (AliasKind.PARAMETER, AliasKind.BUFFER, AliasKind.CONSTANT)
+
+Values = Callable[[Node], Any]
+"""The fake value a node will have in the compiled program."""
+
+
+def meta_value(node: Node) -> Any:
+    return node.meta.get("val")
+
+
+def storage_key(value: Any) -> Optional[StorageWeakRef]:
+    """Identity of the memory behind a fake or real tensor (of the first, for a list of views)."""
+    if isinstance(value, (list, tuple)):
+        value = next((v for v in value if isinstance(v, torch.Tensor)), None)
+    if isinstance(value, torch.Tensor):
+        return StorageWeakRef(value.untyped_storage())
+    return None
+
+
+def view_source(node: Node, values: Values) -> Optional[Node]:
+    """The node ``node`` is a view of, or ``None`` when ``node`` owns its memory."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], Node):
+        return None
+    source = node.args[0]
+    if node.target is not operator.getitem and not is_view_op(node.target):
+        return None
+    key = storage_key(values(node))
+    if key is None:
+        return None
+    return source if storage_key(values(source)) == key else None
+
+
+@dataclass(frozen=True)
+class OutputFacts:
+    """Everything decided about one user output; ``layout`` is its public face."""
+
+    output: UserOutput
+    node: Optional[Node]
+    chain: tuple[Node, ...]
+    """View nodes from the output inward, ending before ``base``."""
+    base: Optional[Node]
+    target_order: Optional[tuple[int, ...]]
+    needs_copy: bool
+    layout: OutputLayout
+
+
+def _describe_view(node: Node) -> str:
+    """A view op in words, e.g. ``slice(dim=2, 0:14)``."""
+    if node.target is operator.getitem:
+        return f"chunk {node.args[1]}"
+    op = aten_op(node.target)
+    name = op._schema.name.split("::")[-1] if hasattr(op, "_schema") else str(node.target)
+    args = node.args[1:]
+    if name == "slice":
+        dim, start, end, step = (list(args) + [0, None, None, 1][len(args):])[:4]
+        step_text = f":{step}" if step not in (1, None) else ""
+        return f"slice(dim={dim}, {'' if start is None else start}:{'' if end is None or end >= 2**62 else end}{step_text})"
+    if name == "select":
+        return f"select(dim={args[0]}, index={args[1]})"
+    if name in ("split", "split_with_sizes", "chunk"):
+        return f"{name}({args[0]}, dim={args[1] if len(args) > 1 else 0})"
+    if name == "unbind":
+        return f"unbind(dim={args[0] if args else 0})"
+    rendered = ", ".join(str(a) for a in args)
+    return f"{name}({rendered})"
+
+
+def _source_name(node: Node, roles: Mapping[str, Alias]) -> str:
+    if node.op == "placeholder":
+        role = roles.get(node.name)
+        return str(role) if role else node.name
+    if node.op == "call_function":
+        op = aten_op(node.target)
+        if hasattr(op, "_schema"):
+            return op._schema.name.split("::")[-1]
+        return getattr(node.target, "__name__", str(node.target))
+    return node.name
+
+
+def _control_flow_base(node: Node) -> bool:
+    if node.op != "call_function":
+        return False
+    if is_higher_order(node.target):
+        return True
+    return node.target is operator.getitem and isinstance(node.args[0], Node) and is_higher_order(node.args[0].target)
+
+
+def analyze_outputs(
+    graph: torch.fx.Graph,
+    signature: ExportGraphSignature,
+    *,
+    values: Values = meta_value,
+    target_orders: Optional[Mapping[int, tuple[int, ...]]] = None,
+    break_aliases: bool = False,
+) -> list[OutputFacts]:
+    """Facts for each user output of ``program``'s graph.
+
+    ``values`` gives each node's fake value in the compiled program (an Edge
+    program's view copies replayed as views); ``target_orders`` maps a user
+    output's index to its promised dim order (contiguous when absent).
+    """
+    roles = placeholder_roles(signature)
+    returned = output_values(graph)
+    outputs = user_outputs(signature)
+
+    memory_owners: dict[StorageWeakRef, list[Alias]] = {}
+    for node in graph.find_nodes(op="placeholder"):
+        key = storage_key(values(node))
+        if key is not None and node.name in roles:
+            memory_owners.setdefault(key, []).append(roles[node.name])
+    output_keys = {}
+    for out in outputs:
+        value = returned[out.position]
+        if isinstance(value, Node):
+            key = storage_key(values(value))
+            if key is not None:
+                output_keys.setdefault(key, []).append(out.index)
+
+    facts = []
+    for out in outputs:
+        value = returned[out.position]
+        target_order = (target_orders or {}).get(out.index)
+        facts.append(_facts_for(out, value, values, roles, memory_owners, output_keys, target_order))
+    if break_aliases:
+        facts = _break_aliases(facts)
+    return facts
+
+
+def _break_aliases(facts: list[OutputFacts]) -> list[OutputFacts]:
+    """Copy every output that, after the layout copies, still shares memory.
+
+    Outputs copied for their layout own fresh memory; of the rest, the first
+    of each group sharing memory keeps it, and any sharing an input or a
+    weight is copied.
+    """
+    kept: set[int] = set()
+    result = []
+    for fact in facts:
+        record = fact.layout
+        if fact.needs_copy or not record.aliases:
+            result.append(fact)
+            continue
+        still_shared = [
+            a for a in record.aliases
+            if a.kind is not AliasKind.OUTPUT or int(a.name) in kept
+        ]
+        if not still_shared:
+            kept.add(record.index)
+            result.append(fact)
+            continue
+        reason = f"shares memory with {', '.join(map(str, still_shared))}"
+        record = replace(record, action=Action.COPY, reason=reason)
+        result.append(replace(fact, needs_copy=True, layout=record))
+    return result
+
+
+def _non_tensor_facts(out: UserOutput, value: Any, node: Optional[Node]) -> OutputFacts:
+    if isinstance(value, torch.SymInt) or (node is not None and isinstance(meta_value(node), torch.SymInt)):
+        kind = "symint"
+    elif value is None:
+        kind = "none"
+    else:
+        kind = type(value).__name__
+    record = OutputLayout(
+        index=out.index, name=node.name if node is not None else None, kind=kind, shape=None, dtype=None,
+        strides=None, contiguous=None, dense=None, target_dim_order=None, in_target_layout=None, aliases=(),
+        view_of=None, cause=None, action=Action.NONE, reason="not a tensor",
+    )
+    return OutputFacts(out, node, (), None, None, False, record)
+
+
+def _facts_for(out, value, values, roles, memory_owners, output_keys, target_order):
+    node = value if isinstance(value, Node) else None
+    tensor = values(node) if node is not None else None
+    if not isinstance(tensor, torch.Tensor):
+        return _non_tensor_facts(out, value, node)
+
+    chain = []
+    base = node
+    while (source := view_source(base, values)) is not None:
+        chain.append(base)
+        base = source
+    base_role = roles.get(base.name) if base.op == "placeholder" else None
+
+    shape = tuple(tensor.shape)
+    if target_order is None:
+        target_order = layout.identity_order(tensor.dim())
+    if base_role is not None and base_role.kind in _WEIGHT_KINDS:
+        strides = layout.preserve_format_strides(tensor)
+    else:
+        strides = tuple(tensor.stride())
+
+    contiguous = layout.is_contiguous(shape, strides)
+    dense = layout.is_non_overlapping_and_dense(shape, strides)
+    in_target = layout.is_dense_in_order(shape, strides, target_order)
+
+    key = storage_key(tensor)
+    aliases = list(memory_owners.get(key, ()))
+    aliases += [Alias(AliasKind.OUTPUT, str(i)) for i in output_keys.get(key, ()) if i != out.index]
+
+    cause = None
+    if chain:
+        cause = " of ".join(_describe_view(n) for n in chain) + f" of {_source_name(base, roles)}"
+    elif in_target is not True:
+        cause = f"produced with strides {list(layout.format_strides(strides))} by {_source_name(base, roles)}"
+
+    control_flow = _control_flow_base(base)
+    if control_flow:
+        in_target = None
+        needs_copy, reason = True, "output of control flow: its compiled layout is not decided, so it is copied"
+    elif in_target is False:
+        needs_copy = True
+        reason = f"strides {list(layout.format_strides(strides))} are not dense in dim order {list(target_order)}"
+    elif in_target is None:
+        needs_copy = True
+        reason = "symbolic strides: cannot prove it dense in its target layout, so it is copied"
+    else:
+        needs_copy = False
+        reason = "dense in its target layout" if not chain else "a view already dense in its target layout"
+    if base_role is not None and base_role.kind in _WEIGHT_KINDS and not needs_copy:
+        reason += " (AOTInductor returns a copy of a weight's view)"
+
+    record = OutputLayout(
+        index=out.index,
+        name=node.name,
+        kind="tensor",
+        shape=layout.format_strides(shape),
+        dtype=str(tensor.dtype).removeprefix("torch."),
+        strides=layout.format_strides(strides),
+        contiguous=contiguous,
+        dense=dense,
+        target_dim_order=tuple(target_order),
+        in_target_layout=in_target,
+        aliases=tuple(aliases),
+        view_of=_source_name(base, roles) if chain else None,
+        cause=cause,
+        action=Action.COPY if needs_copy else Action.NONE,
+        reason=reason,
+    )
+    return OutputFacts(out, node, tuple(chain), base, tuple(target_order), needs_copy, record)
+
+
+def report(facts: list[OutputFacts], dialect: Dialect) -> LayoutReport:
+    return LayoutReport(dialect=dialect.value, outputs=tuple(f.layout for f in facts))

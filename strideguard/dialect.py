@@ -1,0 +1,138 @@
+"""Every difference between ATen and the two Edge modes, in one place.
+
+* ATen (``torch.export.export``): views are real views; an output must come
+  back contiguous; the copy is ``aten.clone(memory_format=...)``.
+* Edge in dim-order mode (ExecuTorch's default ``EdgeCompileConfig``): view
+  ops are ``*_copy`` ops until an AOTI backend turns them back into views; the
+  promised layout is the dim order of each output's metadata; the verifier
+  rejects ``aten.clone`` and wants ``dim_order_ops._clone_dim_order``.
+* Edge in memory-format mode (``_skip_dim_order=True``): as above, but the
+  verifier wants ``aten.clone(memory_format=...)`` and rejects the dim-order op.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from functools import lru_cache
+from typing import Any, Optional
+
+import torch
+from torch.export import ExportedProgram
+
+
+class Dialect(str, Enum):
+    ATEN = "aten"
+    EDGE_DIM_ORDER = "edge-dim-order"
+    EDGE_MEMORY_FORMAT = "edge-memory-format"
+
+    @property
+    def is_edge(self) -> bool:
+        return self is not Dialect.ATEN
+
+
+def dialect_of(program: ExportedProgram) -> Dialect:
+    for verifier in program.verifiers:
+        if getattr(verifier, "dialect", None) == "EDGE":
+            return Dialect.EDGE_DIM_ORDER if verifier().use_dim_order else Dialect.EDGE_MEMORY_FORMAT
+    return Dialect.ATEN
+
+
+def dialect_of_graph(graph: torch.fx.Graph, *, skip_dim_order: Optional[bool] = None) -> Dialect:
+    """The dialect of a bare graph (a pass sees no verifier).
+
+    Edge when any target is an Edge op; the mode is ``skip_dim_order`` when
+    given, else read off the ops present (a dim-order op means dim-order mode,
+    a memory-format clone or ``_to_copy`` the other), else the default mode.
+    """
+    targets = {node.target for node in graph.nodes if node.op == "call_function"}
+    if not any(is_edge_op(t) for t in targets):
+        return Dialect.ATEN
+    if skip_dim_order is not None:
+        return Dialect.EDGE_MEMORY_FORMAT if skip_dim_order else Dialect.EDGE_DIM_ORDER
+    names = {aten_op(t).name() for t in targets if is_edge_op(t)}
+    if any(name.startswith("dim_order_ops::") for name in names):
+        return Dialect.EDGE_DIM_ORDER
+    if names & {"aten::clone", "aten::_to_copy", "aten::empty_like"}:
+        return Dialect.EDGE_MEMORY_FORMAT
+    return Dialect.EDGE_DIM_ORDER
+
+
+def is_edge_op(target: Any) -> bool:
+    return type(target).__name__ == "EdgeOpOverload"
+
+
+def aten_op(target: Any) -> Any:
+    """The ATen ``OpOverload`` behind a target (Edge ops wrap one)."""
+    return getattr(target, "_op", target) if is_edge_op(target) else target
+
+
+def _edge_ops():
+    from executorch.exir.dialects._ops import ops
+
+    return ops.edge
+
+
+def _overload(namespace_packet: Any, name: str, overload: str) -> Any:
+    return getattr(getattr(namespace_packet, name), overload)
+
+
+def view_twin(target: Any) -> Optional[Any]:
+    """The view op of a ``*_copy`` op, in the same dialect; ``None`` when there is none."""
+    op = aten_op(target)
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    base, overload = op._schema.name.split("::")[-1], op._overloadname
+    if not base.endswith("_copy") or op.namespace != "aten":
+        return None
+    view_name = base[: -len("_copy")]
+    if view_name == "detach":
+        view_name = "alias"
+    if not hasattr(torch.ops.aten, view_name):
+        return None
+    view_op = _overload(torch.ops.aten, view_name, overload)
+    if not view_op.is_view:
+        return None
+    return _overload(_edge_ops().aten, view_name, overload) if is_edge_op(target) else view_op
+
+
+def copy_call(dialect: Dialect, dim_order: tuple[int, ...]) -> tuple[Any, dict[str, Any]]:
+    """Target and keyword arguments of the op that copies a tensor into ``dim_order``.
+
+    The op is the one the program's own verifier accepts, and Inductor lowers it
+    to a kernel writing a dense output in that order.
+    """
+    if dialect is Dialect.EDGE_DIM_ORDER:
+        return _edge_ops().dim_order_ops._clone_dim_order.default, {"dim_order": list(dim_order)}
+    memory_format = _memory_format(dim_order)
+    if dialect is Dialect.EDGE_MEMORY_FORMAT:
+        return _edge_ops().aten.clone.default, {"memory_format": memory_format}
+    return torch.ops.aten.clone.default, {"memory_format": memory_format}
+
+
+def _memory_format(dim_order: tuple[int, ...]) -> torch.memory_format:
+    ndim = len(dim_order)
+    if tuple(dim_order) == tuple(range(ndim)):
+        return torch.contiguous_format
+    if ndim == 4 and tuple(dim_order) == (0, 2, 3, 1):
+        return torch.channels_last
+    if ndim == 5 and tuple(dim_order) == (0, 2, 3, 4, 1):
+        return torch.channels_last_3d
+    raise ValueError(f"dim order {tuple(dim_order)} has no torch.memory_format; only dim-order mode can copy into it")
+
+
+def detach_replacement(target: Any) -> Optional[Any]:
+    """``alias_copy`` for a ``detach_copy``: Inductor lowers it natively, where
+    ``detach_copy`` has no C shim and needs the proxy executor ExecuTorch lacks."""
+    if aten_op(target) is not torch.ops.aten.detach_copy.default:
+        return None
+    return _edge_ops().aten.alias_copy.default if is_edge_op(target) else torch.ops.aten.alias_copy.default
+
+
+@lru_cache(maxsize=None)
+def is_view_op(target: Any) -> bool:
+    op = aten_op(target)
+    return isinstance(op, torch._ops.OpOverload) and op.is_view
+
+
+def is_higher_order(target: Any) -> bool:
+    return isinstance(target, torch._ops.HigherOrderOperator)

@@ -1,0 +1,147 @@
+"""Layout predicates that stay honest about symbolic shapes.
+
+Every predicate answers ``True``, ``False`` or ``None``: ``None`` when the sizes
+or strides are symbolic and the answer depends on values export did not fix.
+They never add guards: they ask ``statically_known_true`` and nothing else, so
+a dynamic batch dimension is judged for every size it may take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+import torch
+from torch._prims_common import compute_elementwise_output_strides, make_contiguous_strides_for
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+Decision = Optional[bool]
+"""``True``/``False`` when decided for every size the program admits, ``None`` otherwise."""
+
+Size = int | torch.SymInt
+
+
+def _known(condition) -> bool:
+    return statically_known_true(condition)
+
+
+def _all(decisions) -> Decision:
+    decisions = list(decisions)
+    if any(d is False for d in decisions):
+        return False
+    if any(d is None for d in decisions):
+        return None
+    return True
+
+
+def identity_order(ndim: int) -> tuple[int, ...]:
+    return tuple(range(ndim))
+
+
+def is_dense_in_order(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequence[int]) -> Decision:
+    """Whether ``strides`` are exactly the dense strides of ``dim_order`` (outermost first).
+
+    Size-one dimensions may carry any stride and a tensor of fewer than two
+    elements is dense in every order, as in ``TensorImpl::compute_contiguous``.
+    """
+    if any(_known(size == 0) for size in shape) or _known(_numel(shape) < 2):
+        return True
+    expected: Size = 1
+    verdicts: list[Decision] = []
+    for dim in reversed(tuple(dim_order)):
+        size, stride = shape[dim], strides[dim]
+        if _known(size == 1):
+            continue
+        if _known(stride == expected):
+            verdicts.append(True)
+        elif _known(stride != expected) and _known(size != 1):
+            verdicts.append(False)
+        else:
+            verdicts.append(None)
+        expected = expected * size
+    return _all(verdicts)
+
+
+def is_contiguous(shape: Sequence[Size], strides: Sequence[Size]) -> Decision:
+    return is_dense_in_order(shape, strides, identity_order(len(shape)))
+
+
+def is_non_overlapping_and_dense(shape: Sequence[Size], strides: Sequence[Size]) -> Decision:
+    """Whether some order of the dimensions makes the strides dense.
+
+    The candidate order sorts dimensions by decreasing stride; when strides are
+    symbolic and cannot be ordered, the answer is ``None``.
+    """
+    order = dim_order_of(shape, strides)
+    if order is None:
+        return None
+    return is_dense_in_order(shape, strides, order)
+
+
+def dim_order_of(shape: Sequence[Size], strides: Sequence[Size]) -> Optional[tuple[int, ...]]:
+    """The dim order (outermost first) implied by strides, ties kept in dimension order.
+
+    This is the order ExecuTorch writes for a tensor: stable sort by decreasing
+    stride. ``None`` when symbolic strides cannot be compared.
+    """
+    dims = list(range(len(shape)))
+    try:
+        concrete = [_concrete(s) for s in strides]
+    except _Symbolic:
+        if all(_known(a >= b) for a, b in zip(strides, strides[1:])):
+            return tuple(dims)
+        return None
+    return tuple(sorted(dims, key=lambda d: -concrete[d]))
+
+
+class _Symbolic(Exception):
+    pass
+
+
+def _concrete(value: Size) -> int:
+    if isinstance(value, int):
+        return value
+    as_int = value.node.maybe_as_int()
+    if as_int is None:
+        raise _Symbolic
+    return as_int
+
+
+def _numel(shape: Sequence[Size]) -> Size:
+    numel: Size = 1
+    for size in shape:
+        numel = numel * size
+    return numel
+
+
+def strides_for_order(shape: Sequence[Size], dim_order: Sequence[int]) -> tuple[Size, ...]:
+    """Dense strides for ``shape`` laid out in ``dim_order`` (outermost first)."""
+    permuted = [shape[d] for d in dim_order]
+    permuted_strides = make_contiguous_strides_for(permuted) if permuted else ()
+    strides: list[Size] = [1] * len(shape)
+    for position, dim in enumerate(dim_order):
+        strides[dim] = permuted_strides[position]
+    return tuple(strides)
+
+
+def preserve_format_strides(value: torch.Tensor) -> tuple[Size, ...]:
+    """Strides of ``clone(memory_format=torch.preserve_format)`` of ``value``.
+
+    AOTInductor returns a copy of a view of a constant made this way: dense
+    views keep their strides, others get a dense layout in the same dimension
+    order.
+    """
+    if is_non_overlapping_and_dense(value.shape, value.stride()) is True:
+        return tuple(value.stride())
+    return tuple(compute_elementwise_output_strides(value))
+
+
+def format_strides(strides: Sequence[Size]) -> tuple:
+    """Strides as JSON-friendly values: ints where known, expressions as strings."""
+    out = []
+    for s in strides:
+        try:
+            out.append(_concrete(s))
+        except _Symbolic:
+            out.append(str(s))
+    return tuple(out)

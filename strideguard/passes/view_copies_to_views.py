@@ -1,0 +1,220 @@
+"""Turn an Edge program's ``*_copy`` view ops back into views, where that is safe.
+
+ExecuTorch's ``to_edge`` makes every view a fresh copy; an AOTI backend turns
+some of them back into views so that Inductor treats them as free. This module
+decides which nodes become views under a policy (ExecuTorch 1.5.1's own, or
+strideguard's wider one) and replays those views on fake tensors, so that the
+analysis sees the strides the compiled method will really produce. Nothing is
+changed until ``ViewConversion.apply``.
+
+Safe means: no user mutates the result; no user may depend on its layout (an
+out-variant, an op outside ``aten``, a control-flow operator, a ``call_method``);
+a ``view_copy`` becomes a view only where its input's replayed strides allow
+one. strideguard's policy also leaves a *returned* copy alone when turning it
+into a view would not save its copy: a returned ``permute_copy`` already
+writes the output densely, once.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch._guards import detect_fake_mode
+from torch.fx import Node
+
+from .. import layout
+from ..analysis import storage_key
+from ..dialect import aten_op, is_higher_order, is_view_op, view_twin
+
+EXECUTORCH_VIEW_COPIES = frozenset({"aten::slice_copy.Tensor", "aten::select_copy.int", "aten::split_copy.Tensor"})
+"""What ExecuTorch 1.5.1's AOTI ``ReplaceViewCopyWithViewPass`` converts."""
+
+
+def op_key(target: Any) -> Optional[str]:
+    op = aten_op(target)
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+@dataclass(frozen=True)
+class ConversionPolicy:
+    """Which ``*_copy`` ops an AOTI backend turns into views, and how carefully."""
+
+    name: str
+    ops: Optional[frozenset[str]]
+    """Op keys converted; ``None`` for every ``*_copy`` op with a view twin."""
+    careful: bool
+    """Also refuse layout-dependent users and returned copies that gain nothing."""
+
+    def admits(self, target: Any) -> bool:
+        key = op_key(target)
+        if key is None:
+            return False
+        if self.ops is not None:
+            return key in self.ops
+        return view_twin(target) is not None
+
+
+EXECUTORCH_1_5 = ConversionPolicy("executorch-1.5.1", EXECUTORCH_VIEW_COPIES, careful=False)
+STRIDEGUARD = ConversionPolicy("strideguard", None, careful=True)
+
+
+@dataclass
+class ViewConversion:
+    """The nodes to turn into views, and every node's value once they are."""
+
+    graph: torch.fx.Graph
+    policy: ConversionPolicy
+    targets: dict[Node, Any] = field(default_factory=dict)
+    _values: dict[Node, Any] = field(default_factory=dict)
+
+    def value(self, node: Node) -> Any:
+        """The fake value ``node`` has after conversion (views replayed on their bases)."""
+        if node in self._values:
+            return self._values[node]
+        value = self._replay(node)
+        self._values[node] = value
+        return value
+
+    def _replay(self, node: Node) -> Any:
+        original = node.meta.get("val")
+        if node.op != "call_function":
+            return original
+        if node.target is operator.getitem and isinstance(node.args[0], Node):
+            source = node.args[0]
+            if source in self.targets or is_view_op(source.target):
+                return self.value(source)[node.args[1]]
+            return original
+        target = self.targets.get(node, node.target)
+        if not is_view_op(target):
+            return original
+        return call_on_fake_values(aten_op(target), node, self.value)
+
+    def apply(self) -> int:
+        """Retarget the chosen nodes and give them their view values; returns how many."""
+        for node, target in self.targets.items():
+            node.target = target
+        for node in list(self.targets) + [u for n in self.targets for u in n.users if u.target is operator.getitem]:
+            node.meta["val"] = self.value(node)
+        return len(self.targets)
+
+
+def call_on_fake_values(op: Any, node: Node, value: Callable[[Node], Any]) -> Any:
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), value)
+    fake_mode = detect_fake_mode(args)
+    if fake_mode is None:
+        return op(*args, **kwargs)
+    with fake_mode:
+        return op(*args, **kwargs)
+
+
+def plan_view_conversion(graph: torch.fx.Graph, policy: ConversionPolicy) -> ViewConversion:
+    """Decide, in graph order, which ``*_copy`` nodes become views under ``policy``."""
+    conversion = ViewConversion(graph, policy)
+    returned = set(_returned_nodes(graph))
+    placeholder_storages = {
+        storage_key(n.meta.get("val")) for n in graph.find_nodes(op="placeholder") if "val" in n.meta
+    }
+    decided_returned_storages: set = set()
+    for node in graph.nodes:
+        pieces = [node] if node in returned else []
+        pieces += [u for u in node.users if u.target is operator.getitem and u in returned]
+        if node.op != "call_function" or not policy.admits(node.target) or _has_blocking_user(node, policy):
+            decided_returned_storages.update(storage_key(conversion.value(p)) for p in pieces)
+            continue
+        if op_key(node.target).startswith("aten::view_copy") and not _viewable(node, conversion):
+            continue
+        conversion.targets[node] = view_twin(node.target)
+        piece_storages = [storage_key(conversion.value(p)) for p in pieces]
+        gains_nothing = policy.careful and op_key(node.target) not in EXECUTORCH_VIEW_COPIES and any(
+            layout.is_dense_in_order(v.shape, v.stride(), promised_dim_order(p)) is not True
+            or storage_key(v) in placeholder_storages | decided_returned_storages
+            for p in pieces
+            for v in [conversion.value(p)]
+        )
+        if gains_nothing:
+            del conversion.targets[node]
+            for p in [node, *pieces]:
+                conversion._values.pop(p, None)
+            piece_storages = [storage_key(conversion.value(p)) for p in pieces]
+        decided_returned_storages.update(piece_storages)
+    return conversion
+
+
+def promised_dim_order(node: Node) -> tuple[int, ...]:
+    """The dim order an Edge program promises for ``node``: that of its metadata before conversion."""
+    value = node.meta["val"]
+    order = layout.dim_order_of(value.shape, value.stride())
+    return order if order is not None else layout.identity_order(value.dim())
+
+
+def _returned_nodes(graph: torch.fx.Graph) -> list[Node]:
+    return [v for v in graph.output_node().args[0] if isinstance(v, Node)]
+
+
+def _viewable(node: Node, conversion: ViewConversion) -> bool:
+    source = node.args[0]
+    if not isinstance(source, Node):
+        return False
+    source_value = conversion.value(source)
+    if layout.is_contiguous(source_value.shape, source_value.stride()) is True:
+        return True
+    try:
+        call_on_fake_values(torch.ops.aten.view.default, node, conversion.value)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _has_blocking_user(node: Node, policy: ConversionPolicy) -> bool:
+    for user in node.users:
+        if user.op == "output":
+            continue
+        if user.op != "call_function":
+            return True
+        if user.target is operator.getitem:
+            if _has_blocking_user(user, policy):
+                return True
+            continue
+        if _mutates(user, node):
+            return True
+        if not policy.careful:
+            if is_view_op(user.target):
+                return True
+            continue
+        if _depends_on_layout(user.target):
+            return True
+    return False
+
+
+def _mutates(user: Node, node: Node) -> bool:
+    schema = getattr(aten_op(user.target), "_schema", None)
+    if schema is None:
+        return False
+    for position, arg in enumerate(user.args):
+        if arg is node and position < len(schema.arguments):
+            alias = schema.arguments[position].alias_info
+            if alias is not None and alias.is_write:
+                return True
+    for name, arg in user.kwargs.items():
+        if arg is node:
+            for argument in schema.arguments:
+                if argument.name == name and argument.alias_info is not None and argument.alias_info.is_write:
+                    return True
+    return False
+
+
+def _depends_on_layout(target: Any) -> bool:
+    """Users that may read their input's memory as laid out, not through strides."""
+    if is_higher_order(target):
+        return True
+    op = aten_op(target)
+    if not isinstance(op, torch._ops.OpOverload):
+        return True
+    if op.namespace not in ("aten", "dim_order_ops"):
+        return True
+    return op._overloadname == "out" or op._overloadname.endswith("_out")

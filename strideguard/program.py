@@ -1,0 +1,112 @@
+"""Reading and rebuilding ``ExportedProgram``s without touching the original.
+
+A transform works on a copy of the graph whose nodes share their metadata
+values (fake tensors) with the original; the rebuilt program shares the
+original's state dict and constants, so weights are never copied. The graph
+signature is re-derived from the graph's output node, so it always names the
+nodes the graph returns.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import (
+    ExportGraphSignature,
+    InputKind,
+    OutputKind,
+    OutputSpec,
+    TensorArgument,
+)
+
+from .records import Alias, AliasKind
+
+_INPUT_ROLES = {
+    InputKind.USER_INPUT: AliasKind.INPUT,
+    InputKind.PARAMETER: AliasKind.PARAMETER,
+    InputKind.BUFFER: AliasKind.BUFFER,
+    InputKind.CONSTANT_TENSOR: AliasKind.CONSTANT,
+}
+
+
+def require_exported_program(program: Any, function: str) -> ExportedProgram:
+    if not isinstance(program, ExportedProgram):
+        raise TypeError(
+            f"strideguard.{function} expects a torch.export.ExportedProgram "
+            f"(from torch.export.export, or exported_program() of an ExecuTorch EdgeProgramManager), "
+            f"got {type(program).__module__}.{type(program).__qualname__}"
+        )
+    return program
+
+
+def placeholder_roles(signature: ExportGraphSignature) -> dict[str, Alias]:
+    """Placeholder name -> what it is: a user input, a parameter, a buffer or a constant."""
+    roles = {}
+    for spec in signature.input_specs:
+        kind = _INPUT_ROLES.get(spec.kind)
+        if kind is None or not isinstance(spec.arg, TensorArgument):
+            continue
+        name = spec.arg.name if kind is AliasKind.INPUT else spec.target
+        roles[spec.arg.name] = Alias(kind, name)
+    return roles
+
+
+@dataclass(frozen=True)
+class UserOutput:
+    index: int
+    """Position among user outputs."""
+    position: int
+    """Position among all outputs of the graph (mutation outputs come first)."""
+    spec: OutputSpec
+
+
+def user_outputs(signature: ExportGraphSignature) -> list[UserOutput]:
+    found = []
+    for position, spec in enumerate(signature.output_specs):
+        if spec.kind == OutputKind.USER_OUTPUT:
+            found.append(UserOutput(len(found), position, spec))
+    return found
+
+
+def output_values(graph: torch.fx.Graph) -> list[Any]:
+    return list(graph.output_node().args[0])
+
+
+def copy_graph_module(program: ExportedProgram) -> torch.fx.GraphModule:
+    """A graph module with new nodes whose ``meta`` dicts are shallow copies.
+
+    The fake tensors in ``meta["val"]`` are shared with the original (so their
+    storage identities, which tell views from copies, survive), while edits to
+    the new nodes and their ``meta`` dicts never reach the original program.
+    Submodules (control-flow branches) are shared, not edited.
+    """
+    original = program.graph_module
+    graph = copy.deepcopy(original.graph)
+    module = torch.fx.GraphModule(original, graph)
+    module.meta.update(original.meta)
+    return module
+
+
+def signature_following_graph(signature: ExportGraphSignature, graph: torch.fx.Graph) -> ExportGraphSignature:
+    """The signature with each tensor output renamed to the node the graph now returns there."""
+    returned = output_values(graph)
+    output_specs = []
+    for spec, value in zip(signature.output_specs, returned):
+        if isinstance(spec.arg, TensorArgument) and isinstance(value, torch.fx.Node) and value.name != spec.arg.name:
+            spec = OutputSpec(kind=spec.kind, arg=TensorArgument(name=value.name), target=spec.target)
+        output_specs.append(spec)
+    return ExportGraphSignature(input_specs=list(signature.input_specs), output_specs=output_specs)
+
+
+def rebuild(program: ExportedProgram, graph_module: torch.fx.GraphModule) -> ExportedProgram:
+    """A new program around ``graph_module``, sharing ``program``'s weights; validated on construction."""
+    graph_module.graph.lint()
+    graph_module.recompile()
+    return program._update(
+        graph_module,
+        signature_following_graph(program.graph_signature, graph_module.graph),
+    )
