@@ -65,7 +65,7 @@ def verify(
         example_inputs = program.example_inputs
     input_sets = [_split_inputs(example_inputs)] + [_split_inputs(i) for i in more_inputs]
     eager = program.module()
-    with tempfile.TemporaryDirectory(prefix="strideguard-") as directory:
+    with tempfile.TemporaryDirectory(prefix="strideguard-") as directory, torch.no_grad():
         started = time.perf_counter()
         compiled = compile_program(program, directory, device=device)
         compile_seconds = time.perf_counter() - started

@@ -1,0 +1,65 @@
+"""What ``make demo`` shows: the policy head's action output strided before, dense after."""
+
+from __future__ import annotations
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from . import densify_outputs, inspect, verify
+from .examples import export_policy
+
+
+def _layout_table(title: str, report) -> Table:
+    table = Table(title=title)
+    for column in ("output", "shape", "strides", "dense", "aliases", "cause", "action"):
+        table.add_column(column)
+    for o in report.outputs:
+        table.add_row(
+            f"[{o.index}] {o.name}",
+            str(list(o.shape or ())),
+            str(list(o.strides or ())),
+            "[green]yes[/]" if o.ok else "[red]no[/]",
+            ", ".join(map(str, o.aliases)) or "-",
+            o.cause or "-",
+            o.action.value,
+        )
+    return table
+
+
+def run_demo(console: Console | None = None) -> bool:
+    """Export, inspect, fix, compile and run the example policy; True when the fix held."""
+    console = console or Console()
+    program = export_policy(batch=1)
+    console.rule("strideguard demo: a policy head returning sample[..., :action_dim]")
+    before = inspect(program)
+    console.print(_layout_table("inspect(program): before", before))
+
+    fixed = densify_outputs(program)
+    console.print(_layout_table("inspect(densify_outputs(program)): after", inspect(fixed)))
+
+    with console.status("compiling both programs with AOTInductor on the CPU..."):
+        unfixed_run = verify(program)
+        fixed_run = verify(fixed)
+    observation = program.example_inputs[0][0]
+    original = program.module()(observation)
+    transformed = fixed.module()(observation)
+    results = Table(title="compiled with AOTInductor and run")
+    for column in ("program", "strides returned", "contiguous", "storage", "equal to eager", "compile s"):
+        results.add_column(column)
+    for label, run in (("as exported", unfixed_run), ("densify_outputs", fixed_run)):
+        check = run.outputs[0]
+        results.add_row(
+            label,
+            str(list(check.strides)),
+            "[green]yes[/]" if check.contiguous else "[red]no[/]",
+            f"offset {check.storage_offset}",
+            "yes" if check.match else "[red]NO[/]",
+            f"{run.compile_seconds:.1f}",
+        )
+    console.print(results)
+    same = torch.equal(original, transformed)
+    console.print(f"values of the fixed program equal the original's, bitwise: {same}")
+    held = (not before.ok) and fixed_run.ok and same
+    console.print("[green]fixed: the action output now comes back dense[/]" if held else "[red]the fix did not hold[/]")
+    return held
