@@ -79,11 +79,12 @@ def _describe_view(node: Node) -> str:
         return f"chunk {node.args[1]}"
     op = aten_op(node.target)
     name = op._schema.name.split("::")[-1] if hasattr(op, "_schema") else str(node.target)
-    args = node.args[1:]
+    args = [a.name if isinstance(a, Node) else a for a in node.args[1:]]
     if name == "slice":
         dim, start, end, step = (list(args) + [0, None, None, 1][len(args):])[:4]
         step_text = f":{step}" if step not in (1, None) else ""
-        return f"slice(dim={dim}, {'' if start is None else start}:{'' if end is None or end >= 2**62 else end}{step_text})"
+        end_text = "" if end is None or (isinstance(end, int) and end >= 2**62) else end
+        return f"slice(dim={dim}, {'' if start is None else start}:{end_text}{step_text})"
     if name == "select":
         return f"select(dim={args[0]}, index={args[1]})"
     if name in ("split", "split_with_sizes", "chunk"):

@@ -59,20 +59,36 @@ def verify(
     against its target layout (contiguous).
     """
     program = require_exported_program(program, "verify")
+    with tempfile.TemporaryDirectory(prefix="strideguard-") as directory:
+        started = time.perf_counter()
+        compiled = compile_program(program, directory, device=device)
+        compile_seconds = time.perf_counter() - started
+        return check_compiled(
+            program, compiled, example_inputs, more_inputs=more_inputs, device=device, compile_seconds=compile_seconds
+        )
+
+
+def check_compiled(
+    program: ExportedProgram,
+    compiled: Any,
+    example_inputs: Optional[Any] = None,
+    *,
+    more_inputs: Sequence[Any] = (),
+    device: str = "cpu",
+    compile_seconds: float = 0.0,
+) -> VerifyReport:
+    """Run an already compiled ``program`` on each input set and check its outputs."""
     if example_inputs is None:
         if program.example_inputs is None:
             raise ValueError("strideguard.verify: the program stores no example inputs; pass example_inputs")
         example_inputs = program.example_inputs
     input_sets = [_split_inputs(example_inputs)] + [_split_inputs(i) for i in more_inputs]
     eager = program.module()
-    with tempfile.TemporaryDirectory(prefix="strideguard-") as directory, torch.no_grad():
-        started = time.perf_counter()
-        compiled = compile_program(program, directory, device=device)
-        compile_seconds = time.perf_counter() - started
-        runs = []
+    runs = []
+    with torch.no_grad():
         for number, (args, kwargs) in enumerate(input_sets):
+            expected = eager(*args, **kwargs)
             args, kwargs = _to_device((args, kwargs), device)
-            expected = eager(*_to_device(args, "cpu"), **_to_device(kwargs, "cpu"))
             got = compiled(*args, **kwargs)
             runs.append((f"inputs {number}", _check_outputs(program, got, expected, (args, kwargs))))
     return VerifyReport(device=device, compile_seconds=compile_seconds, outputs=runs[0][1], runs=tuple(runs[1:]))

@@ -1,0 +1,74 @@
+"""Shared, session-scoped compiled programs: each AOTInductor compile happens once per run."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+import strideguard
+from strideguard.verify import check_compiled, compile_program
+
+from . import programs
+
+
+@dataclass
+class Compiled:
+    program: Any
+    run: Any
+    """The loaded AOTInductor package: call it like the module."""
+
+
+@pytest.fixture(scope="session")
+def compile_dir():
+    with tempfile.TemporaryDirectory(prefix="strideguard-tests-") as directory:
+        yield directory
+
+
+def _compile(program, directory, name) -> Compiled:
+    import os
+
+    path = os.path.join(directory, name)
+    os.makedirs(path, exist_ok=True)
+    return Compiled(program, compile_program(program, path))
+
+
+@pytest.fixture(scope="session")
+def zoo():
+    return programs.export_zoo()
+
+
+@pytest.fixture(scope="session")
+def zoo_compiled(zoo, compile_dir):
+    return _compile(zoo, compile_dir, "zoo")
+
+
+@pytest.fixture(scope="session")
+def zoo_fixed(zoo):
+    return strideguard.densify_outputs(zoo)
+
+
+@pytest.fixture(scope="session")
+def zoo_fixed_compiled(zoo_fixed, compile_dir):
+    return _compile(zoo_fixed, compile_dir, "zoo-fixed")
+
+
+@pytest.fixture(scope="session")
+def zoo_unaliased_compiled(zoo, compile_dir):
+    return _compile(strideguard.densify_outputs(zoo, break_aliases=True), compile_dir, "zoo-unaliased")
+
+
+def run_compiled(compiled: Compiled, inputs) -> list:
+    with torch.no_grad():
+        return torch.utils._pytree.tree_leaves(compiled.run(*inputs), is_leaf=lambda x: x is None)
+
+
+def run_eager(program, inputs) -> list:
+    with torch.no_grad():
+        return torch.utils._pytree.tree_leaves(program.module()(*inputs), is_leaf=lambda x: x is None)
+
+
+__all__ = ["Compiled", "check_compiled", "run_compiled", "run_eager"]

@@ -1,0 +1,238 @@
+"""The core contract on ATen programs, proven by compiling with AOTInductor and running."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import sympy
+import torch
+
+import strideguard
+from strideguard import Action, AliasKind
+from strideguard.verify import check_compiled
+
+from . import programs
+from .conftest import run_compiled, run_eager
+
+ZOO_NAMES = list(programs.Zoo()(*programs.zoo_inputs()).keys()) + ["twice_b", "half_0", "half_1"]
+
+
+def index(name: str) -> int:
+    return ZOO_NAMES.index(name)
+
+
+def is_tensor_output(layout) -> bool:
+    return layout.kind == "tensor"
+
+
+def concrete(values, batch: int) -> tuple:
+    """Sizes or strides from a report with the one dynamic dimension set to ``batch``."""
+    return tuple(
+        v if isinstance(v, int) else int(sympy.sympify(v).subs({s: batch for s in sympy.sympify(v).free_symbols}))
+        for v in values
+    )
+
+
+def test_inspect_predicts_the_strides_aotinductor_returns(zoo, zoo_compiled):
+    report = strideguard.inspect(zoo)
+    compiled = run_compiled(zoo_compiled, programs.zoo_inputs(2))
+    assert len(report.outputs) == len(ZOO_NAMES) == len(compiled)
+    for layout, value in zip(report.outputs, compiled):
+        if not is_tensor_output(layout):
+            continue
+        assert concrete(layout.shape, 2) == tuple(value.shape), ZOO_NAMES[layout.index]
+        if value.numel() > 1:
+            assert concrete(layout.strides, 2) == value.stride(), ZOO_NAMES[layout.index]
+        assert layout.contiguous == value.is_contiguous(), ZOO_NAMES[layout.index]
+
+
+def test_a_copy_is_planned_exactly_where_aotinductor_returns_non_contiguous(zoo, zoo_compiled):
+    report = strideguard.inspect(zoo)
+    compiled = run_compiled(zoo_compiled, programs.zoo_inputs(2))
+    planned = {o.index for o in report.outputs if o.action is Action.COPY}
+    measured = {i for i, v in enumerate(compiled) if isinstance(v, torch.Tensor) and not v.is_contiguous()}
+    assert planned == measured
+    assert not report.ok
+    # Views that cost nothing: dim-0 select, full slice, viewing reshape, zero-size, 0-dim.
+    for name in ("select_first", "full_slice", "reshape_views", "reshape_copies", "zero_size", "zero_dim", "input"):
+        assert report.outputs[index(name)].action is Action.NONE, name
+
+
+def test_unfixed_program_really_returns_strided_outputs(zoo, zoo_compiled):
+    compiled = run_compiled(zoo_compiled, programs.zoo_inputs(2))
+    assert compiled[index("slice_last")].stride() == (48, 16, 1)
+    assert compiled[index("split_1")].storage_offset() == 10
+    assert compiled[index("transpose")].stride() == (48, 1, 16)
+
+
+def test_causes_name_the_view_chain(zoo):
+    report = strideguard.inspect(zoo)
+    assert report.outputs[index("slice_last")].cause == "slice(dim=2, 0:14) of linear"
+    assert report.outputs[index("split_1")].cause == "chunk 1 of split_with_sizes([10, 6], dim=-1) of linear"
+    assert report.outputs[index("unsqueeze_strided")].cause == "unsqueeze(1) of slice(dim=2, 0:4) of linear"
+    assert report.outputs[index("weight_t")].view_of == "parameter lin.weight"
+    assert report.outputs[index("input_slice")].view_of == "input x"
+
+
+def test_aliases_are_reported(zoo):
+    report = strideguard.inspect(zoo)
+    aliases = {o.index: {(a.kind, a.name) for a in o.aliases} for o in report.outputs}
+    assert (AliasKind.INPUT, "x") in aliases[index("input")]
+    assert (AliasKind.INPUT, "x") in aliases[index("input_slice")]
+    assert (AliasKind.BUFFER, "table") in aliases[index("buffer_view")]
+    assert (AliasKind.PARAMETER, "lin.weight") in aliases[index("weight_t")]
+    assert (AliasKind.OUTPUT, str(index("twice_b"))) in aliases[index("twice_a")]
+    assert (AliasKind.OUTPUT, str(index("half_0"))) in aliases[index("half_1")]
+    assert aliases[index("reshape_copies")] == set()
+
+
+def test_densify_inserts_one_copy_per_flagged_output_and_nothing_else(zoo, zoo_fixed):
+    report = strideguard.inspect(zoo)
+    flagged = [o.index for o in report.outputs if o.action is Action.COPY]
+    before = [n for n in zoo.graph.nodes]
+    after = [n for n in zoo_fixed.graph.nodes]
+    new_nodes = [n for n in after if n.name not in {b.name for b in before}]
+    assert len(new_nodes) == len(flagged)
+    assert all(n.target is torch.ops.aten.clone.default for n in new_nodes)
+    assert all(n.kwargs["memory_format"] == torch.contiguous_format for n in new_nodes)
+    returned = list(zoo_fixed.graph.output_node().args[0])
+    user = [s for s in zoo_fixed.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
+    for i in flagged:
+        spec = user[i]
+        node = next(n for n in new_nodes if n.name == spec.arg.name)
+        assert node in returned
+        source = node.args[0]
+        assert node.meta["stack_trace"] == source.meta.get("stack_trace")
+        value = node.meta["val"]
+        assert tuple(value.shape) == tuple(source.meta["val"].shape)
+        assert value.is_contiguous() and value.dtype == source.meta["val"].dtype
+    assert strideguard.inspect(zoo_fixed).ok
+    zoo_fixed.validate()
+
+
+def test_input_program_is_untouched_and_weights_are_shared(zoo, zoo_fixed):
+    fresh = programs.export_zoo()
+    assert str(zoo.graph) == str(fresh.graph)
+    assert zoo.graph_signature == fresh.graph_signature
+    for name, tensor in zoo.state_dict.items():
+        assert zoo_fixed.state_dict[name] is tensor
+    for name, value in zoo.constants.items():
+        assert zoo_fixed.constants[name] is value
+
+
+def test_buffer_mutation_output_is_left_alone(zoo, zoo_fixed):
+    def mutation_specs(program):
+        return [(s.kind, s.arg.name, s.target) for s in program.graph_signature.output_specs if s.kind.name == "BUFFER_MUTATION"]
+
+    assert mutation_specs(zoo_fixed) == mutation_specs(zoo) != []
+
+
+def test_fixed_program_is_bitwise_equal_eagerly(zoo, zoo_fixed):
+    for batch in (2, 5):
+        inputs = programs.zoo_inputs(batch)
+        for original, fixed in zip(run_eager(zoo, inputs), run_eager(zoo_fixed, inputs)):
+            if isinstance(original, torch.Tensor):
+                assert torch.equal(original, fixed) or (original.numel() == 0 and fixed.numel() == 0)
+            else:
+                assert original == fixed
+
+
+@pytest.mark.parametrize("batch", [2, 5])
+def test_fixed_program_compiled_returns_every_output_dense_and_equal(zoo, zoo_compiled, zoo_fixed_compiled, batch):
+    inputs = programs.zoo_inputs(batch)
+    unfixed = run_compiled(zoo_compiled, inputs)
+    fixed = run_compiled(zoo_fixed_compiled, inputs)
+    for i, (a, b) in enumerate(zip(unfixed, fixed)):
+        if isinstance(b, torch.Tensor):
+            assert b.is_contiguous(), ZOO_NAMES[i]
+            assert torch.equal(a, b), ZOO_NAMES[i]
+    report = check_compiled(zoo_fixed_compiled.program, zoo_fixed_compiled.run, inputs)
+    assert report.ok, str(report)
+
+
+def test_verify_reports_strided_outputs_of_the_unfixed_program(zoo, zoo_compiled):
+    report = check_compiled(zoo, zoo_compiled.run, programs.zoo_inputs(2), more_inputs=[programs.zoo_inputs(7)])
+    assert not report.ok
+    assert all(o.match for o in report.outputs)
+    assert not report.outputs[index("slice_last")].in_target_layout
+    assert "input 0" in report.outputs[index("input")].aliases
+    assert f"output {index('twice_b')}" in report.outputs[index("twice_a")].aliases
+    assert report.runs and all(o.match for o in report.runs[0][1])
+
+
+def test_break_aliases_gives_every_output_its_own_memory(zoo, zoo_unaliased_compiled):
+    inputs = programs.zoo_inputs(3)
+    outputs = run_compiled(zoo_unaliased_compiled, inputs)
+    input_storages = {t.untyped_storage().data_ptr() for t in inputs}
+    seen = set()
+    for i, value in enumerate(outputs):
+        if not isinstance(value, torch.Tensor) or value.numel() == 0:
+            continue
+        pointer = value.untyped_storage().data_ptr()
+        assert pointer not in input_storages, ZOO_NAMES[i]
+        assert pointer not in seen, ZOO_NAMES[i]
+        assert value.is_contiguous()
+        seen.add(pointer)
+    for a, b in zip(outputs, run_eager(zoo, inputs)):
+        if isinstance(b, torch.Tensor):
+            assert torch.equal(a, b)
+
+
+def test_break_aliases_copies_only_outputs_that_still_share(zoo):
+    plain = strideguard.inspect(strideguard.densify_outputs(zoo))
+    unaliased = strideguard.densify_outputs(zoo, break_aliases=True)
+    added = len(unaliased.graph.nodes) - len(strideguard.densify_outputs(zoo).graph.nodes)
+    still_shared = [o for o in plain.outputs if any(a.kind is not AliasKind.OUTPUT for a in o.aliases)]
+    groups = {}
+    for o in plain.outputs:
+        outputs_shared = [a for a in o.aliases if a.kind is AliasKind.OUTPUT]
+        if outputs_shared and not any(a.kind is not AliasKind.OUTPUT for a in o.aliases):
+            groups.setdefault(min([o.index] + [int(a.name) for a in outputs_shared]), []).append(o.index)
+    expected = len(still_shared) + sum(len(members) - 1 for members in groups.values())
+    assert added == expected > 0
+
+
+def test_control_flow_outputs_are_copied_and_said_so(compile_dir):
+    program = programs.export_branchy()
+    report = strideguard.inspect(program)
+    first, second, third = report.outputs
+    assert first.action is Action.COPY and "control flow" in first.reason
+    assert second.action is Action.COPY and "control flow" in second.reason
+    assert third.action is Action.COPY and "not dense" in third.reason
+    fixed = strideguard.densify_outputs(program)
+    result = strideguard.verify(fixed)
+    assert result.ok, str(result)
+    assert [o.contiguous for o in result.outputs] == [True, True, True]
+
+
+def test_symbolic_strides_that_cannot_be_proven_are_copied():
+    program = programs.export_data_dependent_slice()
+    report = strideguard.inspect(program)
+    for layout in report.outputs:
+        assert layout.in_target_layout is None
+        assert layout.action is Action.COPY
+        assert "cannot prove" in layout.reason
+    fixed = strideguard.densify_outputs(program)
+    x = torch.randn(3, 8)
+    for count in (3, 8):
+        for original, dense in zip(program.module()(x, torch.tensor(count)), fixed.module()(x, torch.tensor(count))):
+            assert dense.is_contiguous() and torch.equal(original, dense)
+
+
+@pytest.mark.parametrize("function", [strideguard.inspect, strideguard.densify_outputs, strideguard.prepare_for_aoti, strideguard.verify])
+def test_non_programs_are_refused_with_a_type_error(function):
+    with pytest.raises(TypeError, match="expects a torch.export.ExportedProgram.*got torch.nn.modules.linear.Linear"):
+        function(torch.nn.Linear(2, 2))
+
+
+def test_a_program_without_strided_outputs_is_returned_equal_with_no_new_node():
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x + 1, (x * 2)[0]
+
+    program = torch.export.export(Plain(), (torch.randn(3, 4),))
+    fixed = strideguard.densify_outputs(program)
+    assert fixed is not program
+    assert [n.target for n in fixed.graph.nodes] == [n.target for n in program.graph.nodes]
+    assert strideguard.inspect(program).ok
