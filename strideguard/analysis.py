@@ -32,6 +32,13 @@ _WEIGHT_KINDS = (AliasKind.PARAMETER, AliasKind.BUFFER, AliasKind.CONSTANT)
 Values = Callable[[Node], Any]
 """The fake value a node will have in the compiled program."""
 
+Targets = Callable[[Node], Any]
+"""The op a node will run in the compiled program (an Edge view copy may become a view)."""
+
+
+def own_target(node: Node) -> Any:
+    return node.target
+
 
 def meta_value(node: Node) -> Any:
     return node.meta.get("val")
@@ -46,12 +53,15 @@ def storage_key(value: Any) -> Optional[StorageWeakRef]:
     return None
 
 
-def view_source(node: Node, values: Values) -> Optional[Node]:
+def view_source(node: Node, values: Values, target_of: Targets = own_target) -> Optional[Node]:
     """The node ``node`` is a view of, or ``None`` when ``node`` owns its memory."""
     if node.op != "call_function" or not node.args or not isinstance(node.args[0], Node):
         return None
     source = node.args[0]
-    if node.target is not operator.getitem and not is_view_op(node.target):
+    if node.target is operator.getitem:
+        if source.op != "call_function" or not is_view_op(target_of(source)):
+            return None
+    elif not is_view_op(target_of(node)):
         return None
     key = storage_key(values(node))
     if key is None:
@@ -73,11 +83,11 @@ class OutputFacts:
     layout: OutputLayout
 
 
-def _describe_view(node: Node) -> str:
+def _describe_view(node: Node, target_of: Targets) -> str:
     """A view op in words, e.g. ``slice(dim=2, 0:14)``."""
     if node.target is operator.getitem:
         return f"chunk {node.args[1]}"
-    op = aten_op(node.target)
+    op = aten_op(target_of(node))
     name = op._schema.name.split("::")[-1] if hasattr(op, "_schema") else str(node.target)
     args = [a.name if isinstance(a, Node) else a for a in node.args[1:]]
     if name == "slice":
@@ -95,12 +105,12 @@ def _describe_view(node: Node) -> str:
     return f"{name}({rendered})"
 
 
-def _source_name(node: Node, roles: Mapping[str, Alias]) -> str:
+def _source_name(node: Node, roles: Mapping[str, Alias], target_of: Targets) -> str:
     if node.op == "placeholder":
         role = roles.get(node.name)
         return str(role) if role else node.name
     if node.op == "call_function":
-        op = aten_op(node.target)
+        op = aten_op(target_of(node))
         if hasattr(op, "_schema"):
             return op._schema.name.split("::")[-1]
         return getattr(node.target, "__name__", str(node.target))
@@ -120,6 +130,7 @@ def analyze_outputs(
     signature: ExportGraphSignature,
     *,
     values: Values = meta_value,
+    target_of: Targets = own_target,
     target_orders: Optional[Mapping[int, tuple[int, ...]]] = None,
     break_aliases: bool = False,
 ) -> list[OutputFacts]:
@@ -150,7 +161,7 @@ def analyze_outputs(
     for out in outputs:
         value = returned[out.position]
         target_order = (target_orders or {}).get(out.index)
-        facts.append(_facts_for(out, value, values, roles, memory_owners, output_keys, target_order))
+        facts.append(_facts_for(out, value, values, target_of, roles, memory_owners, output_keys, target_order))
     if break_aliases:
         facts = _break_aliases(facts)
     return facts
@@ -199,7 +210,7 @@ def _non_tensor_facts(out: UserOutput, value: Any, node: Optional[Node]) -> Outp
     return OutputFacts(out, node, (), None, None, False, record)
 
 
-def _facts_for(out, value, values, roles, memory_owners, output_keys, target_order):
+def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys, target_order):
     node = value if isinstance(value, Node) else None
     tensor = values(node) if node is not None else None
     if not isinstance(tensor, torch.Tensor):
@@ -207,7 +218,7 @@ def _facts_for(out, value, values, roles, memory_owners, output_keys, target_ord
 
     chain = []
     base = node
-    while (source := view_source(base, values)) is not None:
+    while (source := view_source(base, values, target_of)) is not None:
         chain.append(base)
         base = source
     base_role = roles.get(base.name) if base.op == "placeholder" else None
@@ -230,9 +241,9 @@ def _facts_for(out, value, values, roles, memory_owners, output_keys, target_ord
 
     cause = None
     if chain:
-        cause = " of ".join(_describe_view(n) for n in chain) + f" of {_source_name(base, roles)}"
+        cause = " of ".join(_describe_view(n, target_of) for n in chain) + f" of {_source_name(base, roles, target_of)}"
     elif in_target is not True:
-        cause = f"produced with strides {list(layout.format_strides(strides))} by {_source_name(base, roles)}"
+        cause = f"produced with strides {list(layout.format_strides(strides))} by {_source_name(base, roles, target_of)}"
 
     control_flow = _control_flow_base(base)
     if control_flow:
@@ -262,7 +273,7 @@ def _facts_for(out, value, values, roles, memory_owners, output_keys, target_ord
         target_dim_order=tuple(target_order),
         in_target_layout=in_target,
         aliases=tuple(aliases),
-        view_of=_source_name(base, roles) if chain else None,
+        view_of=_source_name(base, roles, target_of) if chain else None,
         cause=cause,
         action=Action.COPY if needs_copy else Action.NONE,
         reason=reason,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature
 
 from .analysis import OutputFacts, analyze_outputs, meta_value, report
 from .dialect import Dialect, dialect_of
@@ -38,6 +40,7 @@ def _facts(
         graph,
         signature,
         values=conversion.value,
+        target_of=conversion.target_of,
         target_orders=target_orders,
         break_aliases=break_aliases,
     )
@@ -57,19 +60,31 @@ def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH_1
     return report(facts, dialect)
 
 
-def _transformed(
-    program: ExportedProgram, *, policy: ConversionPolicy, convert: bool, break_aliases: bool, copy_outputs: bool = True
-) -> ExportedProgram:
-    dialect = dialect_of(program)
-    module = copy_graph_module(program)
-    facts, conversion = _facts(module.graph, program.graph_signature, dialect, policy, break_aliases=break_aliases)
+def rewrite_graph(
+    graph: torch.fx.Graph,
+    signature: ExportGraphSignature,
+    dialect: Dialect,
+    *,
+    policy: ConversionPolicy,
+    convert: bool,
+    break_aliases: bool = False,
+    copy_outputs: bool = True,
+) -> int:
+    """Rewrite ``graph`` in place: convert views (Edge, when ``convert``), copy outputs, retarget
+    ``detach_copy``. Returns how many nodes were added or retargeted."""
+    facts, conversion = _facts(graph, signature, dialect, policy, break_aliases=break_aliases)
     values = conversion.value if conversion is not None else meta_value
-    if convert and conversion is not None:
-        conversion.apply()
+    changed = conversion.apply() if convert and conversion is not None else 0
     if copy_outputs:
-        insert_output_copies(module.graph, facts, dialect, values)
+        changed += len(insert_output_copies(graph, facts, dialect, values))
     if dialect.is_edge:
-        detach_copy_to_alias_copy(module.graph)
+        changed += detach_copy_to_alias_copy(graph)
+    return changed
+
+
+def _transformed(program: ExportedProgram, **options) -> ExportedProgram:
+    module = copy_graph_module(program)
+    rewrite_graph(module.graph, program.graph_signature, dialect_of(program), **options)
     return rebuild(program, module)
 
 

@@ -31,10 +31,11 @@ class Dialect(str, Enum):
 
 
 def dialect_of(program: ExportedProgram) -> Dialect:
+    """Read off the program's verifier; a program that lost it is judged by its ops."""
     for verifier in program.verifiers:
         if getattr(verifier, "dialect", None) == "EDGE":
             return Dialect.EDGE_DIM_ORDER if verifier().use_dim_order else Dialect.EDGE_MEMORY_FORMAT
-    return Dialect.ATEN
+    return dialect_of_graph(program.graph)
 
 
 def dialect_of_graph(graph: torch.fx.Graph, *, skip_dim_order: Optional[bool] = None) -> Dialect:

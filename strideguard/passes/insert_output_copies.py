@@ -23,36 +23,39 @@ from .view_copies_to_views import call_on_fake_values
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
 
 
+def insert_copy(
+    graph: torch.fx.Graph,
+    source: Node,
+    dialect: Dialect,
+    dim_order: tuple[int, ...],
+    value: Callable[[Node], Any],
+) -> Node:
+    """A new node right after ``source`` copying it into ``dim_order``, with its metadata."""
+    target, kwargs = copy_call(dialect, dim_order)
+    with graph.inserting_after(source):
+        copy = graph.call_function(target, (source,), kwargs)
+    copy.meta.update({key: source.meta[key] for key in _INHERITED_META if key in source.meta})
+    copy.meta["val"] = call_on_fake_values(aten_op(target), copy, value)
+    if "tensor_meta" in source.meta:
+        copy.meta["tensor_meta"] = _extract_tensor_metadata(copy.meta["val"])
+    return copy
+
+
 def insert_output_copies(
     graph: torch.fx.Graph,
     facts: Sequence[OutputFacts],
     dialect: Dialect,
     value: Callable[[Node], Any],
-    *,
-    annotate: Callable[[Node, Node], None] = lambda copy, source: None,
 ) -> list[Node]:
-    """Copy each output whose facts say ``needs_copy``; returns the new nodes.
-
-    ``annotate(copy, source)`` lets a caller add metadata of its own (a
-    partition tag, say) to each new node.
-    """
+    """Copy each output whose facts say ``needs_copy`` and return the copy instead; returns the new nodes."""
     output_node = graph.output_node()
     returned = list(output_node.args[0])
     inserted = []
     for fact in facts:
-        if not fact.needs_copy:
-            continue
-        source = returned[fact.output.position]
-        target, kwargs = copy_call(dialect, fact.target_order)
-        with graph.inserting_after(source):
-            copy = graph.call_function(target, (source,), kwargs)
-        copy.meta.update({key: source.meta[key] for key in _INHERITED_META if key in source.meta})
-        copy.meta["val"] = call_on_fake_values(aten_op(target), copy, value)
-        if "tensor_meta" in source.meta:
-            copy.meta["tensor_meta"] = _extract_tensor_metadata(copy.meta["val"])
-        annotate(copy, source)
-        returned[fact.output.position] = copy
-        inserted.append(copy)
+        if fact.needs_copy:
+            copy = insert_copy(graph, returned[fact.output.position], dialect, fact.target_order, value)
+            returned[fact.output.position] = copy
+            inserted.append(copy)
     if inserted:
         output_node.args = (type(output_node.args[0])(returned),)
     return inserted

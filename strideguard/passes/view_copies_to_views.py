@@ -72,6 +72,10 @@ class ViewConversion:
     targets: dict[Node, Any] = field(default_factory=dict)
     _values: dict[Node, Any] = field(default_factory=dict)
 
+    def target_of(self, node: Node) -> Any:
+        """The op ``node`` runs once converted."""
+        return self.targets.get(node, node.target)
+
     def value(self, node: Node) -> Any:
         """The fake value ``node`` has after conversion (views replayed on their bases)."""
         if node in self._values:
@@ -89,7 +93,7 @@ class ViewConversion:
             if source in self.targets or is_view_op(source.target):
                 return self.value(source)[node.args[1]]
             return original
-        target = self.targets.get(node, node.target)
+        target = self.target_of(node)
         if not is_view_op(target):
             return original
         return call_on_fake_values(aten_op(target), node, self.value)
