@@ -82,10 +82,11 @@ def rewrite_graph(
     return changed
 
 
-def _transformed(program: ExportedProgram, **options) -> ExportedProgram:
+def transformed(program: ExportedProgram, **options) -> tuple[ExportedProgram, int]:
+    """A rewritten copy of ``program`` (see ``rewrite_graph``) and how many nodes changed."""
     module = copy_graph_module(program)
-    rewrite_graph(module.graph, program.graph_signature, dialect_of(program), **options)
-    return rebuild(program, module)
+    changed = rewrite_graph(module.graph, program.graph_signature, dialect_of(program), **options)
+    return rebuild(program, module), changed
 
 
 def densify_outputs(program: ExportedProgram, *, break_aliases: bool = False) -> ExportedProgram:
@@ -99,7 +100,7 @@ def densify_outputs(program: ExportedProgram, *, break_aliases: bool = False) ->
     weights are shared, not copied.
     """
     program = require_exported_program(program, "densify_outputs")
-    return _transformed(program, policy=EXECUTORCH_1_5, convert=False, break_aliases=break_aliases)
+    return transformed(program, policy=EXECUTORCH_1_5, convert=False, break_aliases=break_aliases)[0]
 
 
 def prepare_for_aoti(
@@ -117,6 +118,6 @@ def prepare_for_aoti(
     program = require_exported_program(program, "prepare_for_aoti")
     if not dialect_of(program).is_edge:
         return densify_outputs(program, break_aliases=break_aliases)
-    return _transformed(
+    return transformed(
         program, policy=STRIDEGUARD, convert=True, break_aliases=break_aliases, copy_outputs=copy_outputs
-    )
+    )[0]

@@ -131,3 +131,48 @@ class DataDependentSlice(nn.Module):
 
 def export_data_dependent_slice():
     return torch.export.export(DataDependentSlice(), (torch.randn(3, 8), torch.tensor(4)))
+
+
+class AttentionHead(nn.Module):
+    """An attention block returning what ExecuTorch users return: a slice, a select, a split
+    chunk, the transposed attention output, scores from sliced operands, and a ``detach``."""
+
+    def __init__(self, with_detach: bool = True):
+        super().__init__()
+        self.with_detach = with_detach
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        qkv = self.qkv(x)
+        q, k, v = qkv.split(16, -1)
+
+        def heads(t):
+            return t.view(2, 4, 2, 8).transpose(1, 2)
+
+        weights = (heads(q) @ heads(k).transpose(-2, -1) * 8**-0.5).softmax(-1)
+        attention = (weights @ heads(v)).transpose(1, 2)
+        scores = q[:, :, :8] @ k[:, :, :8].transpose(1, 2)
+        outputs = (qkv[..., :14], qkv[:, 1], qkv[0], v, attention, scores)
+        return outputs + (qkv.detach(),) if self.with_detach else outputs
+
+
+def export_attention_head(with_detach: bool = True):
+    torch.manual_seed(0)
+    return torch.export.export(AttentionHead(with_detach).eval(), (torch.randn(2, 4, 16),))
+
+
+class TwoStages(nn.Module):
+    """A linear whose sliced result feeds a second stage: the slice crosses a partition boundary."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        sliced = self.lin(x)[:, :, :8]
+        return sliced * 2.0 + 1.0
+
+
+def export_two_stages():
+    torch.manual_seed(0)
+    return torch.export.export(TwoStages().eval(), (torch.randn(2, 3, 16),))

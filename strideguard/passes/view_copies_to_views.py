@@ -116,8 +116,14 @@ def call_on_fake_values(op: Any, node: Node, value: Callable[[Node], Any]) -> An
         return op(*args, **kwargs)
 
 
-def plan_view_conversion(graph: torch.fx.Graph, policy: ConversionPolicy) -> ViewConversion:
-    """Decide, in graph order, which ``*_copy`` nodes become views under ``policy``."""
+def plan_view_conversion(
+    graph: torch.fx.Graph, policy: ConversionPolicy, *, scope: Optional[Callable[[Node], bool]] = None
+) -> ViewConversion:
+    """Decide, in graph order, which ``*_copy`` nodes become views under ``policy``.
+
+    With ``scope`` (one partition of a graph that will be compiled on its own),
+    only nodes in scope are converted and users out of scope count as outputs.
+    """
     conversion = ViewConversion(graph, policy)
     returned = set(_returned_nodes(graph))
     placeholder_storages = {
@@ -127,26 +133,46 @@ def plan_view_conversion(graph: torch.fx.Graph, policy: ConversionPolicy) -> Vie
     for node in graph.nodes:
         pieces = [node] if node in returned else []
         pieces += [u for u in node.users if u.target is operator.getitem and u in returned]
-        if node.op != "call_function" or not policy.admits(node.target) or _has_blocking_user(node, policy):
+        if (
+            node.op != "call_function"
+            or not policy.admits(node.target)
+            or (scope is not None and not scope(node))
+            or _has_blocking_user(node, policy, scope)
+        ):
             decided_returned_storages.update(storage_key(conversion.value(p)) for p in pieces)
             continue
         if op_key(node.target).startswith("aten::view_copy") and not _viewable(node, conversion):
             continue
         conversion.targets[node] = view_twin(node.target)
-        piece_storages = [storage_key(conversion.value(p)) for p in pieces]
-        gains_nothing = policy.careful and op_key(node.target) not in EXECUTORCH_VIEW_COPIES and any(
-            layout.is_dense_in_order(v.shape, v.stride(), promised_dim_order(p)) is not True
-            or storage_key(v) in placeholder_storages | decided_returned_storages
-            for p in pieces
-            for v in [conversion.value(p)]
-        )
-        if gains_nothing:
-            del conversion.targets[node]
-            for p in [node, *pieces]:
-                conversion._values.pop(p, None)
-            piece_storages = [storage_key(conversion.value(p)) for p in pieces]
-        decided_returned_storages.update(piece_storages)
+        if policy.careful and pieces and op_key(node.target) not in EXECUTORCH_VIEW_COPIES:
+            taken = placeholder_storages | decided_returned_storages
+            if not _conversion_pays(node, pieces, conversion, taken):
+                del conversion.targets[node]
+                for p in [node, *pieces]:
+                    conversion._values.pop(p, None)
+        decided_returned_storages.update(storage_key(conversion.value(p)) for p in pieces)
     return conversion
+
+
+def _conversion_pays(node: Node, pieces: list[Node], conversion: ViewConversion, taken: set) -> bool:
+    """Whether turning a returned copy into a view saves a copy.
+
+    A returned piece that would come back mislaid, or sharing memory with an
+    input, a weight or an earlier output, needs a copy again; the conversion
+    pays only if some piece does not, or some part of the result is used
+    inside the graph as a free view (a split whose other chunks feed compute).
+    """
+    def needs_copy_again(piece: Node) -> bool:
+        value = conversion.value(piece)
+        return (
+            layout.is_dense_in_order(value.shape, value.stride(), promised_dim_order(piece)) is not True
+            or storage_key(value) in taken
+        )
+
+    if not all(needs_copy_again(p) for p in pieces):
+        return True
+    internal_users = [u for u in node.users if u.op != "output" and u not in pieces]
+    return any(u.target is operator.getitem and u.users for u in internal_users)
 
 
 def promised_dim_order(node: Node) -> tuple[int, ...]:
@@ -174,14 +200,14 @@ def _viewable(node: Node, conversion: ViewConversion) -> bool:
     return True
 
 
-def _has_blocking_user(node: Node, policy: ConversionPolicy) -> bool:
+def _has_blocking_user(node: Node, policy: ConversionPolicy, scope: Optional[Callable[[Node], bool]] = None) -> bool:
     for user in node.users:
-        if user.op == "output":
+        if user.op == "output" or (scope is not None and not scope(user)):
             continue
         if user.op != "call_function":
             return True
         if user.target is operator.getitem:
-            if _has_blocking_user(user, policy):
+            if _has_blocking_user(user, policy, scope):
                 return True
             continue
         if _mutates(user, node):

@@ -1,0 +1,203 @@
+"""strideguard for ExecuTorch's AOTI backends (CUDA, Metal), through ExecuTorch's public APIs.
+
+ExecuTorch's AOTI backends turn ``slice_copy``/``select_copy``/``split_copy``
+back into views inside ``AotiBackend.preprocess``, after partitioning, where a
+user's pass cannot reach. Three ways in, none patching ExecuTorch:
+
+* ``DenseOutputsPass``: a transform pass for ``to_edge_transform_and_lower(...,
+  transform_passes=[DenseOutputsPass()])`` or ``EdgeProgramManager.transform``.
+  Before partitioning, it inserts into the Edge program exactly the copies the
+  backend's own view conversion will make necessary, and nothing else.
+* ``protect_partitioner``: wraps an AOTI partitioner so that outputs of each
+  partition (not only of the method) are covered when a method is split into
+  several delegates.
+* ``ReplaceViewCopyWithViewPass``: for backend authors, a drop-in replacement
+  for ExecuTorch's pass of that name: it converts a wider set of view copies
+  and copies what then needs copying.
+
+Whether to copy is a per-backend policy: the CUDA runtime pays a host round
+trip and loses CUDA graphs for a mislaid output, so copies are on; Metal's
+runtime copies every output anyway, so they are off unless asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any, Optional
+
+import torch
+from executorch.exir.backend.partitioner import Partitioner, PartitionResult
+from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
+from torch.fx.passes.infra.pass_base import PassResult
+
+from . import layout
+from .api import rewrite_graph, transformed
+from .dialect import dialect_of, dialect_of_graph
+from .passes.view_copies_to_views import EXECUTORCH_1_5, STRIDEGUARD, plan_view_conversion, promised_dim_order
+from .program import require_exported_program, signature_following_graph
+
+COPY_OUTPUTS_BY_BACKEND = {"CudaBackend": True, "MetalBackend": False}
+"""Whether a backend's outputs need strideguard's copies; backends not named here get them."""
+
+_DELEGATION_TAG = "delegation_tag"
+logger = logging.getLogger(__name__)
+
+
+def copies_outputs_for(backend_id: str) -> bool:
+    return COPY_OUTPUTS_BY_BACKEND.get(backend_id, True)
+
+
+class DenseOutputsPass(ExportedProgramPassBase):
+    """Insert, before partitioning, the copies an AOTI backend's view conversion will need.
+
+    Each returned ``slice_copy``/``select_copy``/``split_copy`` chunk that
+    ExecuTorch's ``ReplaceViewCopyWithViewPass`` will turn into a view, and
+    that would then come back in another layout than the program promises, is
+    followed by one copy into that layout (``_clone_dim_order`` in dim-order
+    mode, ``clone`` in memory-format mode). ``detach_copy``, which the AOTI
+    runtime cannot run, becomes ``alias_copy``. Nothing else changes.
+    """
+
+    def __init__(self, *, copy_outputs: bool = True, break_aliases: bool = False):
+        self.copy_outputs = copy_outputs
+        self.break_aliases = break_aliases
+
+    def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
+        program, changed = transformed(
+            require_exported_program(exported_program, "executorch.DenseOutputsPass"),
+            policy=EXECUTORCH_1_5,
+            convert=False,
+            break_aliases=self.break_aliases,
+            copy_outputs=self.copy_outputs,
+        )
+        return ExportedProgramPassResult(program if changed else exported_program, bool(changed))
+
+
+class ReplaceViewCopyWithViewPass:
+    """Drop-in for ExecuTorch's AOTI ``ReplaceViewCopyWithViewPass``: more views, dense outputs.
+
+    Called on a graph module it rewrites it in place and returns a
+    ``PassResult``, as ExecuTorch's pass does. Because it sets
+    ``requires_exported_program``, ``AotiBackend.preprocess`` hands it the whole
+    program when it is one of the backend's custom passes: it then also knows
+    which outputs are the user's (never a buffer mutation) and keeps the graph
+    signature naming the nodes the graph returns.
+    """
+
+    requires_exported_program = True
+
+    def __init__(self, *, copy_outputs: bool = True):
+        self.copy_outputs = copy_outputs
+
+    def __call__(self, target: Any) -> PassResult:
+        if isinstance(target, ExportedProgram):
+            graph_module, signature = target.graph_module, target.graph_signature
+            dialect = dialect_of(target)
+        else:
+            graph_module, signature = target, _all_outputs_are_the_users(target.graph)
+            dialect = dialect_of_graph(target.graph)
+        changed = rewrite_graph(
+            graph_module.graph, signature, dialect, policy=STRIDEGUARD, convert=True, copy_outputs=self.copy_outputs
+        )
+        if changed:
+            graph_module.graph.lint()
+            graph_module.recompile()
+            if isinstance(target, ExportedProgram):
+                target._graph_signature = signature_following_graph(signature, graph_module.graph)
+        return PassResult(graph_module, bool(changed))
+
+
+def _all_outputs_are_the_users(graph: torch.fx.Graph) -> ExportGraphSignature:
+    """The signature a bare graph implies: every placeholder an input, every output the user's."""
+    inputs = [
+        InputSpec(InputKind.USER_INPUT, TensorArgument(node.name), None)
+        for node in graph.find_nodes(op="placeholder")
+    ]
+    outputs = [
+        OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(value.name) if isinstance(value, torch.fx.Node) else None, None)
+        for value in graph.output_node().args[0]
+    ]
+    return ExportGraphSignature(input_specs=inputs, output_specs=outputs)
+
+
+class _ProtectedPartitioner(Partitioner):
+    """An AOTI partitioner whose partitions hand each other no mislaid views."""
+
+    def __init__(self, inner: Partitioner, copy_outputs: Optional[bool]):
+        super().__init__(getattr(inner, "_spec", {}))
+        self.inner = inner
+        self.delegation_spec = getattr(inner, "delegation_spec", None)
+        self.copy_outputs = copy_outputs
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        result = self.inner.partition(exported_program)
+        tags = [
+            tag
+            for tag, spec in result.partition_tags.items()
+            if (self.copy_outputs if self.copy_outputs is not None else copies_outputs_for(spec.backend_id))
+        ]
+        self.moved = move_mislaid_views_to_their_consumers(result.tagged_exported_program, tags)
+        return result
+
+    def ops_to_not_decompose(self, ep: ExportedProgram):
+        return self.inner.ops_to_not_decompose(ep)
+
+
+def protect_partitioner(partitioner: Partitioner, *, copy_outputs: Optional[bool] = None) -> Partitioner:
+    """Wrap an AOTI partitioner (``CudaPartitioner``, ``MetalPartitioner``, any ``AotiPartitioner``).
+
+    When a method is split into several delegates, a view copy at the edge of
+    one partition becomes, inside its delegate, a view returned with its base's
+    strides, and the next delegate, compiled for a dense input, reads it wrong.
+    ExecuTorch forbids a partitioner to add nodes, so the wrapper moves such a
+    view copy (with its ``getitem``s) into the partition that consumes it,
+    where it is a free view of a dense input. Method outputs are
+    ``DenseOutputsPass``'s job. ``copy_outputs`` overrides the per-backend
+    policy (``COPY_OUTPUTS_BY_BACKEND``).
+    """
+    if not isinstance(partitioner, Partitioner):
+        raise TypeError(
+            "strideguard.executorch.protect_partitioner expects an executorch Partitioner, "
+            f"got {type(partitioner).__module__}.{type(partitioner).__qualname__}"
+        )
+    return _ProtectedPartitioner(partitioner, copy_outputs)
+
+
+def move_mislaid_views_to_their_consumers(program: ExportedProgram, tags: list[str]) -> list[str]:
+    """Retag each view copy that would leave its partition mislaid into its one consuming partition.
+
+    Returns the names of the nodes moved. A view copy whose users lie in its
+    own partition too, or in several others, is left where it is and logged.
+    """
+    graph = program.graph
+    moved: list[str] = []
+    for tag in tags:
+        conversion = plan_view_conversion(graph, EXECUTORCH_1_5, scope=lambda n, tag=tag: n.meta.get(_DELEGATION_TAG) == tag)
+        for node in list(conversion.targets):
+            group = [node] + [u for u in node.users if u.target is operator.getitem]
+            leaving = [u for member in group for u in member.users if u not in group]
+            if not any(u.meta.get(_DELEGATION_TAG) != tag for u in leaving):
+                continue
+            mislaid = any(
+                layout.is_dense_in_order(v.shape, v.stride(), promised_dim_order(member)) is not True
+                for member in group
+                if isinstance(v := conversion.value(member), torch.Tensor)
+            )
+            if not mislaid:
+                continue
+            consumers = {u.meta.get(_DELEGATION_TAG) for u in leaving if u.op != "output"}
+            if len(consumers) != 1 or None in consumers or any(u.op == "output" for u in leaving):
+                logger.warning(
+                    "strideguard: %s leaves partition %s as a strided view and cannot be moved "
+                    "(its users: %s); use DenseOutputsPass for method outputs",
+                    node.name, tag, ", ".join(sorted(u.name for u in leaving)),
+                )
+                continue
+            (consumer,) = consumers
+            for member in group:
+                member.meta[_DELEGATION_TAG] = consumer
+            moved += [member.name for member in group]
+    return moved

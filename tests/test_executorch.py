@@ -1,0 +1,214 @@
+"""ExecuTorch's real AOTI lowering path on the CPU, with and without strideguard.
+
+``to_edge_transform_and_lower`` and ``AotiBackend.preprocess`` (ExecuTorch's own
+``ReplaceViewCopyWithViewPass`` inside) run for real through a CPU twin of the
+CUDA backend; each compiled delegate is loaded with torch's AOTI runner and run.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+from executorch.exir import EdgeCompileConfig, to_edge
+from executorch.exir.backend.partitioner import Partitioner, PartitionResult
+from executorch.exir.dialects._ops import ops
+from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
+
+import strideguard
+from strideguard import Action
+from strideguard.dialect import aten_op, is_view_op
+from strideguard.executorch import DenseOutputsPass, ReplaceViewCopyWithViewPass, protect_partitioner
+from strideguard.layout import dim_order_of, is_dense_in_order
+from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, lower_and_run
+
+from . import programs
+
+ATTENTION_INPUT = (torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1)),)
+NAMES = ["slice", "select_middle", "select_first", "split_chunk", "attention", "scores", "detach"]
+
+
+class RecordProgram(ExportedProgramPassBase):
+    """A transform pass that keeps the Edge program it is handed, as partitioning will see it."""
+
+    def call(self, exported_program):
+        self.program = exported_program
+        return ExportedProgramPassResult(exported_program, False)
+
+
+def promised_orders(edge_program) -> list[tuple[int, ...]]:
+    returned = edge_program.graph.output_node().args[0]
+    return [dim_order_of(n.meta["val"].shape, n.meta["val"].stride()) for n in returned]
+
+
+def eager(program):
+    with torch.no_grad():
+        return program.module()(*ATTENTION_INPUT)
+
+
+@pytest.fixture(scope="session")
+def without_strideguard(tmp_path_factory):
+    record = RecordProgram()
+    program = programs.export_attention_head(with_detach=False)
+    run = lower_and_run(program, ATTENTION_INPUT, transform_passes=[record], workdir=str(tmp_path_factory.mktemp("plain")))
+    return record.program, run
+
+
+@pytest.fixture(scope="session")
+def with_dense_outputs_pass(tmp_path_factory):
+    record = RecordProgram()
+    program = programs.export_attention_head()
+    run = lower_and_run(
+        program, ATTENTION_INPUT, transform_passes=[DenseOutputsPass(), record], workdir=str(tmp_path_factory.mktemp("dense"))
+    )
+    return program, record.program, run
+
+
+def test_without_strideguard_the_delegate_returns_views_with_their_base_strides(without_strideguard):
+    edge_program, run = without_strideguard
+    strides = [o.stride() for o in run.outputs]
+    assert strides[0] == (192, 48, 1)  # qkv[..., :14]
+    assert strides[1] == (192, 1)  # qkv[:, 1]
+    assert strides[3] == (192, 48, 1) and run.outputs[3].storage_offset() == 32  # third split chunk
+    mislaid = [
+        i for i, (o, order) in enumerate(zip(run.outputs, promised_orders(edge_program)))
+        if not is_dense_in_order(o.shape, o.stride(), order)
+    ]
+    assert mislaid == [0, 1, 3]
+
+
+def test_inspect_of_the_edge_program_predicts_what_the_delegate_returns(without_strideguard):
+    edge_program, run = without_strideguard
+    report = strideguard.inspect(edge_program)
+    assert [o.strides for o in report.outputs] == [o.stride() for o in run.outputs]
+    assert [o.index for o in report.outputs if o.action is Action.COPY] == [0, 1, 3]
+    assert report.outputs[3].cause == "chunk 2 of split(16, dim=-1) of linear"
+
+
+def test_dense_outputs_pass_makes_every_delegate_output_dense_in_its_promised_order(with_dense_outputs_pass, without_strideguard):
+    program, edge_program, run = with_dense_outputs_pass
+    for i, (value, order) in enumerate(zip(run.outputs, promised_orders(edge_program))):
+        assert is_dense_in_order(value.shape, value.stride(), order), NAMES[i]
+    for i, (value, reference) in enumerate(zip(run.outputs, eager(program))):
+        assert torch.allclose(value, reference, atol=1e-5), NAMES[i]
+    plain_outputs = without_strideguard[1].outputs
+    for i, (fixed, plain) in enumerate(zip(run.outputs, plain_outputs)):
+        assert torch.equal(fixed, plain), NAMES[i]
+
+
+def test_dense_outputs_pass_inserts_one_copy_per_mislaid_output_and_nothing_else(with_dense_outputs_pass):
+    _, edge_program, _ = with_dense_outputs_pass
+    returned = list(edge_program.graph.output_node().args[0])
+    copies = [n for n in edge_program.graph.nodes if n.target == ops.edge.dim_order_ops._clone_dim_order.default]
+    assert sorted(returned.index(c) for c in copies) == [0, 1, 3]
+    # The returned detach is a copy already (alias_copy, which Inductor lowers natively): not copied twice.
+    detach = returned[6]
+    assert detach.target == ops.edge.aten.alias_copy.default
+    assert not any(n.target == ops.edge.aten.detach_copy.default for n in edge_program.graph.nodes)
+    edge_program.validate()
+
+
+def test_without_strideguard_a_returned_detach_cannot_be_lowered(tmp_path):
+    with pytest.raises(Exception, match="detach_copy"):
+        lower_and_run(programs.export_attention_head(), ATTENTION_INPUT, workdir=str(tmp_path))
+
+
+def test_drop_in_view_pass_inside_preprocess_fixes_the_outputs(tmp_path, monkeypatch, with_dense_outputs_pass):
+    monkeypatch.setattr(StrideguardCpuAotiBackend, "custom_passes", [ReplaceViewCopyWithViewPass()])
+    program = programs.export_attention_head()
+    record = RecordProgram()
+    run = lower_and_run(program, ATTENTION_INPUT, transform_passes=[record], workdir=str(tmp_path))
+    for i, (value, order) in enumerate(zip(run.outputs, promised_orders(record.program))):
+        assert is_dense_in_order(value.shape, value.stride(), order), NAMES[i]
+    for i, (value, reference) in enumerate(zip(run.outputs, with_dense_outputs_pass[2].outputs)):
+        assert torch.equal(value, reference), NAMES[i]
+
+
+class SplitAtFirstMul(Partitioner):
+    """Test partitioner: ExecuTorch's AOTI partition cut in two at the first multiplication."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def partition(self, exported_program):
+        result = self.inner.partition(exported_program)
+        spec = next(iter(result.partition_tags.values()))
+        second = False
+        for node in exported_program.graph.nodes:
+            if node.op == "call_function":
+                second = second or "mul" in str(node.target)
+                if second:
+                    node.meta["delegation_tag"] = "second"
+        return PartitionResult(result.tagged_exported_program, {**result.partition_tags, "second": spec})
+
+    def ops_to_not_decompose(self, ep):
+        return self.inner.ops_to_not_decompose(ep)
+
+
+def test_a_view_crossing_delegates_corrupts_values_unless_the_partitioner_is_protected(tmp_path):
+    program = programs.export_two_stages()
+    x = torch.randn(2, 3, 16)
+    expected = eager_two_stages = program.module()(x)
+    plain = lower_and_run(program, (x,), partitioner_wrapper=SplitAtFirstMul, workdir=str(tmp_path / "plain"))
+    delegates = [n for n in plain.edge_program.graph.nodes if n.op == "get_attr"]
+    assert len(delegates) == 2
+    assert not torch.allclose(plain.outputs[0], expected)
+
+    protected_partitioner = []
+
+    def protect(partitioner):
+        protected_partitioner.append(protect_partitioner(SplitAtFirstMul(partitioner)))
+        return protected_partitioner[0]
+
+    protected = lower_and_run(program, (x,), partitioner_wrapper=protect, workdir=str(tmp_path / "protected"))
+    assert len([n for n in protected.edge_program.graph.nodes if n.op == "get_attr"]) == 2
+    assert protected_partitioner[0].moved == ["aten_slice_copy_tensor"]
+    assert torch.allclose(protected.outputs[0], eager_two_stages)
+
+
+@pytest.mark.parametrize("skip_dim_order", [False, True])
+def test_prepare_for_aoti_converts_views_copies_what_needs_it_and_validates(skip_dim_order):
+    program = programs.export_attention_head()
+    edge = to_edge(program, compile_config=EdgeCompileConfig(_skip_dim_order=skip_dim_order)).exported_program()
+    prepared = strideguard.prepare_for_aoti(edge)
+    prepared.validate()
+    copy_op = ops.edge.aten.clone.default if skip_dim_order else ops.edge.dim_order_ops._clone_dim_order.default
+    wrong_op = ops.edge.dim_order_ops._clone_dim_order.default if skip_dim_order else ops.edge.aten.clone.default
+    returned = list(prepared.graph.output_node().args[0])
+    new = [n for n in prepared.graph.nodes if n.name not in {m.name for m in edge.graph.nodes}]
+    assert {n.target for n in new} == {copy_op}
+    assert wrong_op not in {n.target for n in new}
+    copied = sorted(returned.index(n) for n in new)
+    # The slice and select, which ExecuTorch turns into views anyway, are copied; the split
+    # chunk is copied only if its split became a view, else the split copy already writes it dense.
+    chunk = returned[3]
+    split_kept_a_copy = chunk.target is operator.getitem and "_copy" in str(chunk.args[0].target)
+    assert copied == ([0, 1] if split_kept_a_copy else [0, 1, 3])
+    # The slices feeding the score matmul became views and were not copied.
+    slices = [n for n in prepared.graph.nodes if n.op == "call_function" and aten_op(n.target) is torch.ops.aten.slice.Tensor]
+    copied_slices = [n for n in slices if any(u.target == copy_op for u in n.users)]
+    assert len(slices) == 3 and copied_slices == [returned[0].args[0]]
+    # The transposed attention output keeps its promised (contiguous) order: it stays the one
+    # copy that writes it, and gets no second one.
+    attention = returned[4]
+    assert aten_op(attention.target) in (torch.ops.aten.permute_copy.default, torch.ops.aten.transpose_copy.int)
+    assert not any(n.op == "call_function" and n.target == ops.edge.aten.detach_copy.default for n in prepared.graph.nodes)
+    with torch.no_grad():
+        got = prepared.module()(*ATTENTION_INPUT)
+        want = edge.module()(*ATTENTION_INPUT)
+    for i, (value, reference, order) in enumerate(zip(got, want, promised_orders(edge))):
+        assert is_dense_in_order(value.shape, value.stride(), order), NAMES[i]
+        assert torch.equal(value, reference), NAMES[i]
+    assert strideguard.inspect(prepared).ok
+
+
+def test_prepare_for_aoti_converts_more_than_executorch_and_compiles_dense():
+    program = programs.export_attention_head()
+    edge = to_edge(program).exported_program()
+    prepared = strideguard.prepare_for_aoti(edge)
+    views = {aten_op(n.target)._schema.name.split("::")[1] for n in prepared.graph.nodes if n.op == "call_function" and is_view_op(n.target)}
+    assert {"slice", "select", "split_with_sizes", "view", "permute", "expand"} <= views
+    report = strideguard.verify(prepared, ATTENTION_INPUT)
+    assert report.ok, str(report)
