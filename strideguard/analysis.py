@@ -20,7 +20,6 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import Node
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import layout
 from .dialect import Dialect, aten_op, is_higher_order, is_view_op
@@ -44,12 +43,16 @@ def meta_value(node: Node) -> Any:
     return node.meta.get("val")
 
 
-def storage_key(value: Any) -> Optional[StorageWeakRef]:
-    """Identity of the memory behind a fake or real tensor (of the first, for a list of views)."""
+def storage_key(value: Any) -> Optional[int]:
+    """Identity of the memory behind a fake or real tensor (of the first, for a list of views).
+
+    The address of its ``StorageImpl``, as ``StorageWeakRef`` uses; the program
+    holds every one of these tensors alive while the analysis runs.
+    """
     if isinstance(value, (list, tuple)):
         value = next((v for v in value if isinstance(v, torch.Tensor)), None)
     if isinstance(value, torch.Tensor):
-        return StorageWeakRef(value.untyped_storage())
+        return value.untyped_storage()._cdata
     return None
 
 
@@ -144,7 +147,7 @@ def analyze_outputs(
     returned = output_values(graph)
     outputs = user_outputs(signature)
 
-    memory_owners: dict[StorageWeakRef, list[Alias]] = {}
+    memory_owners: dict[int, list[Alias]] = {}
     for node in graph.find_nodes(op="placeholder"):
         key = storage_key(values(node))
         if key is not None and node.name in roles:
@@ -233,7 +236,7 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
 
     contiguous = layout.is_contiguous(shape, strides)
     dense = layout.is_non_overlapping_and_dense(shape, strides)
-    in_target = layout.is_dense_in_order(shape, strides, target_order)
+    in_target = layout.has_layout(shape, strides, target_order)
 
     key = storage_key(tensor)
     aliases = list(memory_owners.get(key, ()))
@@ -251,10 +254,13 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
         needs_copy, reason = True, "output of control flow: its compiled layout is not decided, so it is copied"
     elif in_target is False:
         needs_copy = True
-        reason = f"strides {list(layout.format_strides(strides))} are not dense in dim order {list(target_order)}"
+        reason = (
+            f"strides {list(layout.format_strides(strides))} are not the strides "
+            f"{list(layout.format_strides(layout.strides_for_order(shape, target_order)))} of dim order {list(target_order)}"
+        )
     elif in_target is None:
         needs_copy = True
-        reason = "symbolic strides: cannot prove it dense in its target layout, so it is copied"
+        reason = "symbolic strides: cannot prove them those of its target layout, so it is copied"
     else:
         needs_copy = False
         reason = "dense in its target layout" if not chain else "a view already dense in its target layout"

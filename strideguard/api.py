@@ -8,27 +8,31 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
-from .analysis import OutputFacts, analyze_outputs, meta_value, report
+from .analysis import OutputFacts, analyze_outputs, report
 from .dialect import Dialect, dialect_of
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
 from .passes.insert_output_copies import insert_output_copies
 from .passes.view_copies_to_views import (
     EXECUTORCH_1_5,
+    NO_CONVERSION,
     STRIDEGUARD,
     ConversionPolicy,
     ViewConversion,
     plan_view_conversion,
     promised_dim_order,
 )
-from .program import copy_graph_module, rebuild, require_exported_program, user_outputs
+from .program import copy_graph, rebuild, require_exported_program, user_outputs
 from .records import LayoutReport
 
 
 def _facts(
     graph, signature, dialect: Dialect, policy: Optional[ConversionPolicy], *, break_aliases: bool
-) -> tuple[list[OutputFacts], Optional[ViewConversion]]:
+) -> tuple[list[OutputFacts], ViewConversion]:
     if not dialect.is_edge:
-        return analyze_outputs(graph, signature, break_aliases=break_aliases), None
+        # Views are views already; replaying them also restores the storage sharing
+        # that a program loaded with torch.export.load has lost.
+        replay = ViewConversion(graph, NO_CONVERSION)
+        return analyze_outputs(graph, signature, values=replay.value, break_aliases=break_aliases), replay
     conversion = plan_view_conversion(graph, policy)
     returned = list(graph.output_node().args[0])
     target_orders = {
@@ -73,10 +77,9 @@ def rewrite_graph(
     """Rewrite ``graph`` in place: convert views (Edge, when ``convert``), copy outputs, retarget
     ``detach_copy``. Returns how many nodes were added or retargeted."""
     facts, conversion = _facts(graph, signature, dialect, policy, break_aliases=break_aliases)
-    values = conversion.value if conversion is not None else meta_value
-    changed = conversion.apply() if convert and conversion is not None else 0
+    changed = conversion.apply() if convert else 0
     if copy_outputs:
-        changed += len(insert_output_copies(graph, facts, dialect, values))
+        changed += len(insert_output_copies(graph, facts, dialect, conversion.value))
     if dialect.is_edge:
         changed += detach_copy_to_alias_copy(graph)
     return changed
@@ -84,9 +87,9 @@ def rewrite_graph(
 
 def transformed(program: ExportedProgram, **options) -> tuple[ExportedProgram, int]:
     """A rewritten copy of ``program`` (see ``rewrite_graph``) and how many nodes changed."""
-    module = copy_graph_module(program)
-    changed = rewrite_graph(module.graph, program.graph_signature, dialect_of(program), **options)
-    return rebuild(program, module), changed
+    graph = copy_graph(program)
+    changed = rewrite_graph(graph, program.graph_signature, dialect_of(program), **options)
+    return rebuild(program, graph), changed
 
 
 def densify_outputs(program: ExportedProgram, *, break_aliases: bool = False) -> ExportedProgram:

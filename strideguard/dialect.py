@@ -77,6 +77,7 @@ def _overload(namespace_packet: Any, name: str, overload: str) -> Any:
     return getattr(getattr(namespace_packet, name), overload)
 
 
+@lru_cache(maxsize=None)
 def view_twin(target: Any) -> Optional[Any]:
     """The view op of a ``*_copy`` op, in the same dialect; ``None`` when there is none."""
     op = aten_op(target)
@@ -121,6 +122,7 @@ def _memory_format(dim_order: tuple[int, ...]) -> torch.memory_format:
     raise ValueError(f"dim order {tuple(dim_order)} has no torch.memory_format; only dim-order mode can copy into it")
 
 
+@lru_cache(maxsize=None)
 def detach_replacement(target: Any) -> Optional[Any]:
     """``alias_copy`` for a ``detach_copy``: Inductor lowers it natively, where
     ``detach_copy`` has no C shim and needs the proxy executor ExecuTorch lacks."""

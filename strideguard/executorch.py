@@ -182,7 +182,7 @@ def move_mislaid_views_to_their_consumers(program: ExportedProgram, tags: list[s
             if not any(u.meta.get(_DELEGATION_TAG) != tag for u in leaving):
                 continue
             mislaid = any(
-                layout.is_dense_in_order(v.shape, v.stride(), promised_dim_order(member)) is not True
+                layout.has_layout(v.shape, v.stride(), promised_dim_order(member)) is not True
                 for member in group
                 if isinstance(v := conversion.value(member), torch.Tensor)
             )

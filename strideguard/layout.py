@@ -38,23 +38,39 @@ def identity_order(ndim: int) -> tuple[int, ...]:
     return tuple(range(ndim))
 
 
+def has_layout(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequence[int]) -> Decision:
+    """Whether ``strides`` are exactly the strides a runtime derives from ``dim_order``.
+
+    ExecuTorch builds each output's ETensor strides from its dim order and its
+    CUDA runtime compares a delegate's output strides with them literally, size-one
+    dimensions included: ``[1, 512]`` with strides ``(4096, 1)`` is contiguous
+    to torch but not laid out like its ETensor ``(512, 1)``. Only a tensor with
+    no elements, which has no bytes to lay out, is exempt.
+    """
+    return _dense_in_order(shape, strides, dim_order, exact=True)
+
+
 def is_dense_in_order(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequence[int]) -> Decision:
-    """Whether ``strides`` are exactly the dense strides of ``dim_order`` (outermost first).
+    """Whether the elements are dense in ``dim_order``, as torch judges it.
 
     Size-one dimensions may carry any stride and a tensor of fewer than two
     elements is dense in every order, as in ``TensorImpl::compute_contiguous``.
     """
-    if any(_known(size == 0) for size in shape) or _known(_numel(shape) < 2):
+    return _dense_in_order(shape, strides, dim_order, exact=False)
+
+
+def _dense_in_order(shape, strides, dim_order, *, exact: bool) -> Decision:
+    if any(_known(size == 0) for size in shape) or (not exact and _known(_numel(shape) < 2)):
         return True
     expected: Size = 1
     verdicts: list[Decision] = []
     for dim in reversed(tuple(dim_order)):
         size, stride = shape[dim], strides[dim]
-        if _known(size == 1):
+        if not exact and _known(size == 1):
             continue
         if _known(stride == expected):
             verdicts.append(True)
-        elif _known(stride != expected) and _known(size != 1):
+        elif _known(stride != expected) and (exact or _known(size != 1)):
             verdicts.append(False)
         else:
             verdicts.append(None)

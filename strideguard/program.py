@@ -76,19 +76,14 @@ def output_values(graph: torch.fx.Graph) -> list[Any]:
     return list(graph.output_node().args[0])
 
 
-def copy_graph_module(program: ExportedProgram) -> torch.fx.GraphModule:
-    """A graph module with new nodes whose ``meta`` dicts are shallow copies.
+def copy_graph(program: ExportedProgram) -> torch.fx.Graph:
+    """A graph with new nodes whose ``meta`` dicts are shallow copies.
 
     The fake tensors in ``meta["val"]`` are shared with the original (so their
     storage identities, which tell views from copies, survive), while edits to
     the new nodes and their ``meta`` dicts never reach the original program.
-    Submodules (control-flow branches) are shared, not edited.
     """
-    original = program.graph_module
-    graph = copy.deepcopy(original.graph)
-    module = torch.fx.GraphModule(original, graph)
-    module.meta.update(original.meta)
-    return module
+    return copy.deepcopy(program.graph)
 
 
 def signature_following_graph(signature: ExportGraphSignature, graph: torch.fx.Graph) -> ExportGraphSignature:
@@ -102,11 +97,21 @@ def signature_following_graph(signature: ExportGraphSignature, graph: torch.fx.G
     return ExportGraphSignature(input_specs=list(signature.input_specs), output_specs=output_specs)
 
 
-def rebuild(program: ExportedProgram, graph_module: torch.fx.GraphModule) -> ExportedProgram:
-    """A new program around ``graph_module``, sharing ``program``'s weights; validated on construction."""
-    graph_module.graph.lint()
-    graph_module.recompile()
-    return program._update(
-        graph_module,
-        signature_following_graph(program.graph_signature, graph_module.graph),
-    )
+def rebuild(program: ExportedProgram, graph: torch.fx.Graph) -> ExportedProgram:
+    """A new program around ``graph``, sharing ``program``'s weights, constants and verifiers.
+
+    Built as ExecuTorch's pass manager builds its results: a shallow copy of the
+    program with a new graph module and signature. The ``ExportedProgram``
+    constructor would run the verifier, which for an Edge program propagates
+    fake tensors through every node and costs more than the whole pass; the
+    result is valid by construction and the tests call ``validate()``.
+    """
+    graph.lint()
+    module = torch.fx.GraphModule(program.graph_module, graph)
+    module.meta.update(program.graph_module.meta)
+    rebuilt = copy.copy(program)
+    rebuilt._graph_module = module
+    rebuilt._graph_signature = signature_following_graph(program.graph_signature, graph)
+    rebuilt._module_call_graph = copy.deepcopy(program._module_call_graph)
+    rebuilt._range_constraints = copy.copy(program._range_constraints)
+    return rebuilt

@@ -29,6 +29,7 @@ def compile_program(program: ExportedProgram, directory: str, *, device: str = "
         program = torch.export.export(program.module(), args, kwargs)
     if device != "cpu":
         program = program.run_decompositions({})
+    os.makedirs(directory, exist_ok=True)
     package = torch._inductor.aoti_compile_and_package(program, package_path=os.path.join(directory, "program.pt2"))
     return torch._inductor.aoti_load_package(package)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +30,7 @@ def compile_dir():
 
 
 def _compile(program, directory, name) -> Compiled:
-    import os
-
-    path = os.path.join(directory, name)
-    os.makedirs(path, exist_ok=True)
-    return Compiled(program, compile_program(program, path))
+    return Compiled(program, compile_program(program, os.path.join(directory, name)))
 
 
 @pytest.fixture(scope="session")

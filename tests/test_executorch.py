@@ -20,7 +20,7 @@ import strideguard
 from strideguard import Action
 from strideguard.dialect import aten_op, is_view_op
 from strideguard.executorch import DenseOutputsPass, ReplaceViewCopyWithViewPass, protect_partitioner
-from strideguard.layout import dim_order_of, is_dense_in_order
+from strideguard.layout import dim_order_of, has_layout
 from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, lower_and_run
 
 from . import programs
@@ -73,7 +73,7 @@ def test_without_strideguard_the_delegate_returns_views_with_their_base_strides(
     assert strides[3] == (192, 48, 1) and run.outputs[3].storage_offset() == 32  # third split chunk
     mislaid = [
         i for i, (o, order) in enumerate(zip(run.outputs, promised_orders(edge_program)))
-        if not is_dense_in_order(o.shape, o.stride(), order)
+        if not has_layout(o.shape, o.stride(), order)
     ]
     assert mislaid == [0, 1, 3]
 
@@ -89,7 +89,7 @@ def test_inspect_of_the_edge_program_predicts_what_the_delegate_returns(without_
 def test_dense_outputs_pass_makes_every_delegate_output_dense_in_its_promised_order(with_dense_outputs_pass, without_strideguard):
     program, edge_program, run = with_dense_outputs_pass
     for i, (value, order) in enumerate(zip(run.outputs, promised_orders(edge_program))):
-        assert is_dense_in_order(value.shape, value.stride(), order), NAMES[i]
+        assert has_layout(value.shape, value.stride(), order), NAMES[i]
     for i, (value, reference) in enumerate(zip(run.outputs, eager(program))):
         assert torch.allclose(value, reference, atol=1e-5), NAMES[i]
     plain_outputs = without_strideguard[1].outputs
@@ -120,7 +120,7 @@ def test_drop_in_view_pass_inside_preprocess_fixes_the_outputs(tmp_path, monkeyp
     record = RecordProgram()
     run = lower_and_run(program, ATTENTION_INPUT, transform_passes=[record], workdir=str(tmp_path))
     for i, (value, order) in enumerate(zip(run.outputs, promised_orders(record.program))):
-        assert is_dense_in_order(value.shape, value.stride(), order), NAMES[i]
+        assert has_layout(value.shape, value.stride(), order), NAMES[i]
     for i, (value, reference) in enumerate(zip(run.outputs, with_dense_outputs_pass[2].outputs)):
         assert torch.equal(value, reference), NAMES[i]
 
@@ -199,7 +199,7 @@ def test_prepare_for_aoti_converts_views_copies_what_needs_it_and_validates(skip
         got = prepared.module()(*ATTENTION_INPUT)
         want = edge.module()(*ATTENTION_INPUT)
     for i, (value, reference, order) in enumerate(zip(got, want, promised_orders(edge))):
-        assert is_dense_in_order(value.shape, value.stride(), order), NAMES[i]
+        assert has_layout(value.shape, value.stride(), order), NAMES[i]
         assert torch.equal(value, reference), NAMES[i]
     assert strideguard.inspect(prepared).ok
 

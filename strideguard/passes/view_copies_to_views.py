@@ -18,6 +18,7 @@ writes the output densely, once.
 from __future__ import annotations
 
 import operator
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -33,6 +34,7 @@ EXECUTORCH_VIEW_COPIES = frozenset({"aten::slice_copy.Tensor", "aten::select_cop
 """What ExecuTorch 1.5.1's AOTI ``ReplaceViewCopyWithViewPass`` converts."""
 
 
+@lru_cache(maxsize=None)
 def op_key(target: Any) -> Optional[str]:
     op = aten_op(target)
     if not isinstance(op, torch._ops.OpOverload):
@@ -59,6 +61,7 @@ class ConversionPolicy:
         return view_twin(target) is not None
 
 
+NO_CONVERSION = ConversionPolicy("none", frozenset(), careful=False)
 EXECUTORCH_1_5 = ConversionPolicy("executorch-1.5.1", EXECUTORCH_VIEW_COPIES, careful=False)
 STRIDEGUARD = ConversionPolicy("strideguard", None, careful=True)
 
@@ -131,11 +134,12 @@ def plan_view_conversion(
     }
     decided_returned_storages: set = set()
     for node in graph.nodes:
+        if node.op != "call_function":
+            continue
         pieces = [node] if node in returned else []
-        pieces += [u for u in node.users if u.target is operator.getitem and u in returned]
+        pieces += [u for u in node.users if u in returned and u.target is operator.getitem]
         if (
-            node.op != "call_function"
-            or not policy.admits(node.target)
+            not policy.admits(node.target)
             or (scope is not None and not scope(node))
             or _has_blocking_user(node, policy, scope)
         ):
@@ -165,7 +169,7 @@ def _conversion_pays(node: Node, pieces: list[Node], conversion: ViewConversion,
     def needs_copy_again(piece: Node) -> bool:
         value = conversion.value(piece)
         return (
-            layout.is_dense_in_order(value.shape, value.stride(), promised_dim_order(piece)) is not True
+            layout.has_layout(value.shape, value.stride(), promised_dim_order(piece)) is not True
             or storage_key(value) in taken
         )
 
