@@ -1,10 +1,282 @@
-"""The ``strideguard`` command line: a thin layer over the library."""
+"""The ``strideguard`` command line: a thin layer over the library.
+
+Exit codes: 0 when every user output comes back dense in its target layout
+(for ``verify``: measured so, with values equal to eager); 1 when some does
+not; 2 when the command could not do its job: bad usage, a file it cannot or
+will not read or write, or an error while fixing or compiling. An error is
+one line on stderr; ``--debug`` adds the traceback and torch's warnings.
+"""
 
 from __future__ import annotations
 
-import typer
+import contextlib
+import json
+import logging
+import sys
+import traceback
+import warnings
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Iterator, Optional
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+import torch
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import densify_outputs, inspect, prepare_for_aoti
+from . import verify as verify_program
+from .loading import ProgramFileError, check_output_path, load_program, save_program
+from .records import Action, LayoutReport, VerifyReport
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="strideguard: outputs of AOTInductor-compiled methods, dense in the layout promised.",
+)
+
+
+class Target(str, Enum):
+    """What ``fix`` prepares the program for."""
+
+    aoti = "aoti"
+    executorch = "executorch"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+ProgramFile = Annotated[Path, typer.Argument(help="A .pt2 file written by torch.export.save.", show_default=False)]
+JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else.")]
+Debug = Annotated[bool, typer.Option("--debug", help="On errors, show the traceback; show torch's warnings.")]
+
+
+@contextlib.contextmanager
+def _running(action: str, debug: bool) -> Iterator[None]:
+    """Run library work quietly, with anything it prints kept off stdout, and turn failures into exit 2.
+
+    stdout carries only the command's result (``--json`` promises nothing
+    else there). A file problem is reported as the loader words it; any
+    other failure names the step that failed.
+    """
+    torch_logger = logging.getLogger("torch")
+    level = torch_logger.level
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+        if not debug:
+            warnings.simplefilter("ignore")
+            torch_logger.setLevel(logging.ERROR)
+        try:
+            yield
+        except ProgramFileError as error:
+            _fail(str(error), debug)
+        except Exception as error:
+            _fail(f"{action} failed: {type(error).__name__}: {_first_line(error)}", debug)
+        finally:
+            torch_logger.setLevel(level)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else "no message"
+
+
+def _fail(message: str, debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
+    typer.echo(f"strideguard: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _stdout() -> Console:
+    """The console for results: a terminal's own width; wide enough for the tables when piped to a file."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def _print_json(data: dict) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def _yes_no(value: Optional[bool]) -> str:
+    return {True: "yes", False: "[red]no[/]", None: "[yellow]unknown[/]"}[value]
+
+
+def _layout_table(title: str, report: LayoutReport) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("#", "name", "shape", "dtype", "strides", "dense", "contiguous"):
+        table.add_column(column, overflow="fold")
+    for column in ("aliases", "cause", "fix"):
+        table.add_column(column, overflow="fold")
+    for output in report.outputs:
+        mark = "green" if output.ok else "red"
+        if output.kind != "tensor":
+            table.add_row(f"[{mark}]{output.index}[/]", output.name or "-", "-", output.kind, *["-"] * 6)
+            continue
+        table.add_row(
+            f"[{mark}]{output.index}[/]",
+            output.name,
+            str(list(output.shape)),
+            output.dtype,
+            str(list(output.strides)),
+            _yes_no(output.dense),
+            _yes_no(output.contiguous),
+            ", ".join(map(str, output.aliases)) or "-",
+            output.cause or "-",
+            "[yellow]copy[/]" if output.action is Action.COPY else "-",
+        )
+    return table
+
+
+def _print_layout(console: Console, title: str, report: LayoutReport) -> None:
+    console.print(_layout_table(title, report))
+    for output in report.copies_needed:
+        console.print(f"  fix copies [{output.index}] {output.name} into dim order {list(output.target_dim_order)}: {output.reason}")
+    strided = [output for output in report.outputs if not output.ok]
+    if strided:
+        console.print(
+            f"[red]{len(strided)} of {len(report.outputs)} user outputs would not come back dense in their target "
+            "layout[/]; `strideguard fix` inserts one copy for each"
+        )
+    else:
+        console.print(f"[green]all {len(report.outputs)} user outputs come back dense in their target layout[/]")
+
+
+@app.command("inspect")
+def inspect_command(
+    program: ProgramFile,
+    json_output: JsonOutput = False,
+    plot: Annotated[
+        Optional[Path],
+        typer.Option("--plot", help="Draw each output that fix copies, before and after, into this PNG file."),
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Show every user output as AOTInductor will return it, and what fix would insert."""
+    with _running("inspect", debug):
+        loaded = load_program(program)
+        report = inspect(loaded)
+    if plot is not None:
+        from .plot import plot_copies  # matplotlib loads only when a picture is asked for
+
+        with _running(f"writing the plot {plot}", debug):
+            plot_copies(loaded, report, plot, title=f"strideguard inspect {program.name}")
+    if json_output:
+        _print_json(report.to_dict())
+    else:
+        console = _stdout()
+        _print_layout(console, f"{program}: {len(report.outputs)} user outputs ({report.dialect})", report)
+        if plot is not None:
+            console.print(f"wrote {plot}")
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def fix(
+    program: ProgramFile,
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="Where to write the fixed program.", show_default=False)
+    ],
+    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+    target: Annotated[
+        Target,
+        typer.Option(
+            "--for",
+            help="aoti: densify_outputs. executorch: prepare_for_aoti (for a .pt2 file, an ATen program, the same).",
+        ),
+    ] = Target.aoti,
+    break_aliases: Annotated[
+        bool, typer.Option("--break-aliases", help="Also copy outputs sharing memory with an input, a weight or another output.")
+    ] = False,
+    debug: Debug = False,
+) -> None:
+    """Write PROGRAM with one copy per output that would come back strided; PROGRAM is never modified."""
+    transform = densify_outputs if target is Target.aoti else prepare_for_aoti
+    with _running("fix", debug):
+        check_output_path(output, input_path=program, overwrite=force)
+        loaded = load_program(program)
+        fixed = transform(loaded, break_aliases=break_aliases)
+        report = inspect(fixed)
+        save_program(fixed, output)
+    console = _stdout()
+    console.print(f"wrote {output} (prepared for {target.value}; {program} unchanged)")
+    _print_layout(console, f"{output}: {len(report.outputs)} user outputs ({report.dialect})", report)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def verify(
+    program: ProgramFile,
+    device: Annotated[Device, typer.Option("--device", help="Where to compile and run.")] = Device.cpu,
+    json_output: JsonOutput = False,
+    debug: Debug = False,
+) -> None:
+    """Compile PROGRAM with AOTInductor, run it on its stored example inputs, and measure every output."""
+    if device is Device.cuda and not torch.cuda.is_available():
+        _fail("--device cuda: this torch sees no CUDA device", debug)
+    with _running("verify", debug):
+        loaded = load_program(program)
+        report = inspect(loaded)
+        with Progress(
+            SpinnerColumn(),
+            TextColumn(f"compiling {program.name} with AOTInductor on {device.value} and running it"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        ) as progress:
+            progress.add_task("compile", total=None)
+            measured = verify_program(loaded, device=device.value)
+    if json_output:
+        _print_json(_verify_json(report, measured))
+    else:
+        _print_verify(_stdout(), program, measured)
+    raise typer.Exit(0 if measured.ok else 1)
+
+
+def _verify_json(report: LayoutReport, measured: VerifyReport) -> dict:
+    """The verify record, each output carrying inspect's fields and, under ``measured``, what came back."""
+    data = measured.to_dict()
+    data["dialect"] = report.dialect
+    data["outputs"] = [
+        {**layout.to_dict(), "measured": check} for layout, check in zip(report.outputs, data["outputs"])
+    ]
+    return data
+
+
+def _print_verify(console: Console, program: Path, measured: VerifyReport) -> None:
+    table = Table(
+        title=f"{program}: compiled with AOTInductor on {measured.device} in {measured.compile_seconds:.1f} s and run",
+        title_justify="left",
+    )
+    for column in ("#", "name", "shape", "strides returned", "offset", "dense", "contiguous"):
+        table.add_column(column, overflow="fold")
+    for column in ("aliases", "max |err|", "equal"):
+        table.add_column(column, overflow="fold")
+    for check in measured.outputs:
+        mark = "green" if check.ok else "red"
+        if check.kind != "tensor":
+            table.add_row(f"[{mark}]{check.index}[/]", check.name or "-", check.kind, *["-"] * 6, _yes_no(check.match))
+            continue
+        table.add_row(
+            f"[{mark}]{check.index}[/]",
+            check.name,
+            str(list(check.shape)),
+            str(list(check.strides)),
+            str(check.storage_offset),
+            _yes_no(check.dense),
+            _yes_no(check.contiguous),
+            ", ".join(check.aliases) or "-",
+            f"{check.max_abs_error:g}",
+            _yes_no(check.match),
+        )
+    console.print(table)
+    if measured.ok:
+        console.print("[green]every user output came back dense and equal to the eager program's[/]")
+    else:
+        console.print("[red]some output came back strided or with values that differ from the eager program's[/]")
 
 
 @app.command()
@@ -15,10 +287,5 @@ def demo() -> None:
     raise typer.Exit(0 if run_demo() else 1)
 
 
-@app.callback()
-def _root() -> None:
-    """strideguard: outputs of AOTInductor-compiled methods, dense in the layout promised."""
-
-
 def main() -> None:
-    app()
+    app(prog_name="strideguard")

@@ -23,12 +23,18 @@ from .records import OutputCheck, VerifyReport
 
 
 def compile_program(program: ExportedProgram, directory: str, *, device: str = "cpu") -> Any:
-    """Compile ``program`` with AOTInductor into ``directory`` and load it; returns a callable."""
-    if dialect_of(program).is_edge:
-        args, kwargs = program.example_inputs
-        program = torch.export.export(program.module(), args, kwargs)
-    if device != "cpu":
-        program = program.run_decompositions({})
+    """Compile ``program`` with AOTInductor for ``device`` into ``directory`` and load it; returns a callable.
+
+    An Edge program, or one bound for another device than the CPU, is exported
+    again from its module (on that device, with its stored example inputs):
+    AOTInductor compiles ATen programs, for the device their tensors are on.
+    Its dynamic dimensions are then specialized to the example inputs.
+    """
+    if dialect_of(program).is_edge or device != "cpu":
+        if program.example_inputs is None:
+            raise ValueError("strideguard: recompiling this program needs its stored example inputs")
+        args, kwargs = _to_device(program.example_inputs, device)
+        program = torch.export.export(program.module().to(device), args, kwargs)
     os.makedirs(directory, exist_ok=True)
     package = torch._inductor.aoti_compile_and_package(program, package_path=os.path.join(directory, "program.pt2"))
     return torch._inductor.aoti_load_package(package)
@@ -104,9 +110,13 @@ def _check_outputs(program: ExportedProgram, got: Any, expected: Any, inputs: An
             f"the compiled method returned {len(got_leaves)} values and the eager one {len(expected_leaves)}, "
             f"but the program has {len(specs)} user outputs"
         )
+    leaves = pytree.tree_leaves(inputs)
+    names = program.graph_signature.user_inputs
+    if len(names) != len(leaves):
+        names = [str(i) for i in range(len(leaves))]
     input_storages = {
-        t.untyped_storage().data_ptr(): f"input {i}"
-        for i, t in enumerate(pytree.tree_leaves(inputs))
+        t.untyped_storage().data_ptr(): f"input {name}"
+        for name, t in zip(names, leaves)
         if isinstance(t, torch.Tensor) and t.numel()
     }
     output_storages: dict[int, list[int]] = {}

@@ -162,7 +162,7 @@ def test_verify_reports_strided_outputs_of_the_unfixed_program(zoo, zoo_compiled
     assert not report.ok
     assert all(o.match for o in report.outputs)
     assert not report.outputs[index("slice_last")].in_target_layout
-    assert "input 0" in report.outputs[index("input")].aliases
+    assert "input x" in report.outputs[index("input")].aliases
     assert f"output {index('twice_b')}" in report.outputs[index("twice_a")].aliases
     assert report.runs and all(o.match for o in report.runs[0][1])
 

@@ -1,0 +1,358 @@
+"""The command line, driven as users drive it: ``python -m strideguard`` in a subprocess.
+
+Programs are exported here and saved with ``torch.export.save``; broken and
+hostile files are made from them by editing the archive. Only
+``test_verify_proves_the_fixed_program`` compiles (AOTInductor); everything
+else runs ``inspect`` and ``fix``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+from typing import Callable, Optional
+
+import pytest
+import torch
+
+from strideguard.examples import export_policy
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def strideguard(*args: str | os.PathLike, cwd: Optional[os.PathLike] = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "strideguard", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+
+
+def digest(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def copy_archive(
+    source: pathlib.Path,
+    target: pathlib.Path,
+    edit: Callable[[str, bytes], bytes] = lambda member, data: data,
+    extra: dict[str, bytes] = {},
+) -> pathlib.Path:
+    """``source`` rewritten member by member (names without the archive's root folder), plus ``extra`` members."""
+    with zipfile.ZipFile(source) as original, zipfile.ZipFile(target, "w") as copy:
+        root = original.namelist()[0].split("/")[0]
+        for info in original.infolist():
+            copy.writestr(info, edit(info.filename.split("/", 1)[1], original.read(info)))
+        for member, data in extra.items():
+            copy.writestr(f"{root}/{member}", data)
+    return target
+
+
+def edit_program(source: pathlib.Path, target: pathlib.Path, change: Callable[[dict], None]) -> pathlib.Path:
+    def edit(member: str, data: bytes) -> bytes:
+        if member != "models/model.json":
+            return data
+        program = json.loads(data)
+        change(program)
+        return json.dumps(program).encode()
+
+    return copy_archive(source, target, edit)
+
+
+class Aliasing(torch.nn.Module):
+    """Returns an input, a slice of it, and one intermediate twice."""
+
+    def forward(self, x):
+        y = x * 2
+        return x, x[:, :2], y, y
+
+
+class Dynamic(torch.nn.Module):
+    def forward(self, x):
+        return (x * 2)[:, :3]
+
+
+@torch.library.custom_op("strideguard_test::scale", mutates_args=())
+def scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@scale.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class UsesCustomOp(torch.nn.Module):
+    def forward(self, x):
+        return scale(x)
+
+
+class TouchesOnUnpickle:
+    """Unpickling it creates a file: what a hostile pickle could do instead."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (self.path,)
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory) -> pathlib.Path:
+    folder = tmp_path_factory.mktemp("programs")
+    torch.export.save(export_policy(batch=1), folder / "policy.pt2")
+    torch.export.save(torch.export.export(Aliasing(), (torch.randn(4, 3),)), folder / "aliasing.pt2")
+    batch = torch.export.Dim("batch", min=2, max=64)
+    dynamic = torch.export.export(Dynamic(), (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
+    torch.export.save(dynamic, folder / "dynamic.pt2")
+    torch.export.save(torch.export.export(UsesCustomOp(), (torch.randn(4),)), folder / "custom_op.pt2")
+    return folder
+
+
+def test_inspect_shows_the_strided_output_and_exits_1(programs):
+    result = strideguard("inspect", programs / "policy.pt2")
+    assert result.returncode == 1, result.stderr
+    assert "slice_1" in result.stdout and "[128, 16, 1]" in result.stdout
+    assert "slice(dim=2, 0:14)" in result.stdout
+    assert "1 of 1 user outputs would not come back dense" in result.stdout
+
+
+def test_inspect_json_and_plot(programs, tmp_path):
+    picture = tmp_path / "layout.png"
+    result = strideguard("inspect", programs / "policy.pt2", "--json", "--plot", picture)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is False
+    [output] = report["outputs"]
+    for field in ("index", "name", "shape", "dtype", "strides", "dense", "contiguous", "aliases", "cause", "action"):
+        assert field in output
+    assert output["shape"] == [1, 8, 14] and output["strides"] == [128, 16, 1]
+    assert output["dense"] is False and output["contiguous"] is False
+    assert output["action"] == "copy" and output["aliases"] == []
+    assert picture.read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_fix_writes_a_program_that_inspects_ok_and_leaves_the_input_alone(programs, tmp_path):
+    source = programs / "policy.pt2"
+    before = digest(source)
+    fixed = tmp_path / "fixed.pt2"
+    result = strideguard("fix", source, "-o", fixed)
+    assert result.returncode == 0, result.stderr
+    assert digest(source) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["fixed.pt2"], "no temporary file is left behind"
+    inspected = strideguard("inspect", fixed, "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    report = json.loads(inspected.stdout)
+    assert report["ok"] is True
+    assert report["outputs"][0]["strides"] == [112, 14, 1]
+
+
+def test_fix_refuses_an_existing_output_without_force(programs, tmp_path):
+    output = tmp_path / "taken.pt2"
+    output.write_bytes(b"someone's file")
+    refused = strideguard("fix", programs / "policy.pt2", "-o", output)
+    assert refused.returncode == 2
+    assert output.read_bytes() == b"someone's file"
+    assert refused.stderr.strip().splitlines() == [refused.stderr.strip()]
+    assert "--force" in refused.stderr
+    forced = strideguard("fix", programs / "policy.pt2", "-o", output, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert output.read_bytes().startswith(b"PK")
+
+
+def test_fix_never_overwrites_its_input(programs, tmp_path):
+    source = tmp_path / "policy.pt2"
+    source.write_bytes((programs / "policy.pt2").read_bytes())
+    before = digest(source)
+    result = strideguard("fix", source, "-o", source, "--force")
+    assert result.returncode == 2
+    assert "input" in result.stderr
+    assert digest(source) == before
+
+
+def test_fix_for_executorch_breaking_aliases(programs, tmp_path):
+    fixed = tmp_path / "fixed.pt2"
+    result = strideguard("fix", programs / "aliasing.pt2", "-o", fixed, "--for", "executorch", "--break-aliases")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(strideguard("inspect", fixed, "--json").stdout)
+    assert report["ok"] is True
+    assert all(output["aliases"] == [] for output in report["outputs"])
+
+
+def test_loading_restores_what_views_alias(programs):
+    """A saved program loses which tensors share memory; the loader gives it back."""
+    report = json.loads(strideguard("inspect", programs / "aliasing.pt2", "--json").stdout)
+    aliases = [output["aliases"] for output in report["outputs"]]
+    assert aliases == [["input x", "output 1"], ["input x", "output 0"], ["output 3"], ["output 2"]]
+    assert report["outputs"][1]["cause"] == "slice(dim=1, 0:2) of input x"
+
+
+def make_not_a_zip(programs, folder):
+    path = folder / "notes.pt2"
+    path.write_text("not a zip archive")
+    return path
+
+
+def make_other_zip(programs, folder):
+    path = folder / "other.pt2"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("readme.txt", "hello")
+    return path
+
+
+def make_newer_schema(programs, folder):
+    def change(program):
+        program["schema_version"]["major"] += 1
+        program["torch_version"] = "9.0.0"
+
+    return edit_program(programs / "policy.pt2", folder / "newer.pt2", change)
+
+
+def make_newer_archive(programs, folder):
+    return copy_archive(
+        programs / "policy.pt2",
+        folder / "newer_archive.pt2",
+        lambda member, data: b"1" if member == "archive_version" else data,
+    )
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda programs, folder: folder / "missing.pt2", "no such file"),
+        (lambda programs, folder: folder, "is a directory"),
+        (make_not_a_zip, "is not a zip archive"),
+        (make_other_zip, "not an exported program"),
+        (make_newer_schema, "incompatible torch (9.0.0"),
+        (make_newer_archive, "incompatible torch"),
+        (lambda programs, folder: programs / "custom_op.pt2", "custom operator strideguard_test::scale"),
+    ],
+    ids=["missing", "directory", "not-a-zip", "other-zip", "newer-schema", "newer-archive", "custom-op"],
+)
+def test_bad_input_is_one_line_and_exit_2(programs, tmp_path, make, says):
+    path = make(programs, tmp_path)
+    result = strideguard("inspect", path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert str(path) in lines[0] and says in lines[0]
+    assert result.stdout == ""
+
+
+def sympy_payload(programs, folder, canary):
+    def edit(member, data):
+        if member != "models/model.json":
+            return data
+        text = data.decode()
+        assert "Symbol(" in text
+        return text.replace("Symbol(", f"__import__('pathlib').Path({str(canary)!r}).touch() or Symbol(", 1).encode()
+
+    return copy_archive(programs / "dynamic.pt2", folder / "hostile.pt2", edit)
+
+
+def pickled_example_inputs(programs, folder, canary):
+    buffer = io.BytesIO()
+    torch.save(((TouchesOnUnpickle(canary),), {}), buffer)
+    return copy_archive(
+        programs / "policy.pt2",
+        folder / "hostile.pt2",
+        lambda member, data: buffer.getvalue() if member == "data/sample_inputs/model.pt" else data,
+    )
+
+
+def pickled_weight(programs, folder, canary):
+    buffer = io.BytesIO()
+    torch.save(TouchesOnUnpickle(canary), buffer)
+
+    def edit(member, data):
+        if member == "data/weights/model_weights_config.json":
+            config = json.loads(data)
+            next(iter(config["config"].values()))["use_pickle"] = True
+            return json.dumps(config).encode()
+        return buffer.getvalue() if member == "data/weights/weight_0" else data
+
+    return copy_archive(programs / "policy.pt2", folder / "hostile.pt2", edit)
+
+
+def guard_payload(programs, folder, canary):
+    def change(program):
+        program["guards_code"] = [f"__import__('pathlib').Path({str(canary)!r}).touch() is None"]
+
+    return edit_program(programs / "policy.pt2", folder / "hostile.pt2", change)
+
+
+def keyword_payload(programs, folder, canary):
+    def change(program):
+        node = program["graph_module"]["graph"]["nodes"][0]
+        node["inputs"].append({"name": f"a=0)\n__import__('pathlib').Path({str(canary)!r}).touch()\n0#", "arg": {"as_int": 1}, "kind": 2})
+
+    return edit_program(programs / "policy.pt2", folder / "hostile.pt2", change)
+
+
+def compiled_code(programs, folder, canary):
+    return copy_archive(programs / "policy.pt2", folder / "hostile.pt2", extra={"data/aotinductor/model/model.so": b"\x7fELF"})
+
+
+@pytest.mark.parametrize(
+    "make, says, torch_runs_it",
+    [
+        (sympy_payload, "not plain sympy", True),
+        (pickled_example_inputs, "weights_only=False", True),
+        (pickled_weight, "pickled object", False),
+        (guard_payload, "not a plain shape check", False),
+        (keyword_payload, "generated code", False),
+        (compiled_code, "AOTInductor-compiled code", False),
+    ],
+    ids=["sympy-eval", "pickled-example-inputs", "pickled-weight", "guard-code", "keyword-name", "shared-library"],
+)
+def test_hostile_files_are_refused_before_anything_runs(programs, tmp_path, make, says, torch_runs_it):
+    canary = tmp_path / "ran"
+    path = make(programs, tmp_path, canary)
+    result = strideguard("inspect", path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert not canary.exists()
+    if torch_runs_it:
+        # The payload is real: torch.export.load itself runs it.
+        try:
+            torch.export.load(path)
+        except Exception:
+            pass
+        assert canary.exists()
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [["fix", "{policy}"], ["fix", "{policy}", "-o", "out.pt2", "--for", "tensorrt"], ["inspect"], ["explode"]],
+    ids=["fix-without-output", "unknown-target", "inspect-without-file", "unknown-command"],
+)
+def test_usage_errors_exit_2(programs, tmp_path, arguments):
+    result = strideguard(*(a.format(policy=programs / "policy.pt2") for a in arguments), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out.pt2").exists()
+
+
+@pytest.mark.aoti
+def test_verify_proves_the_fixed_program(programs, tmp_path):
+    fixed = tmp_path / "fixed.pt2"
+    assert strideguard("fix", programs / "policy.pt2", "-o", fixed).returncode == 0
+    result = strideguard("verify", fixed, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is True and report["device"] == "cpu" and report["compile_seconds"] > 0
+    [output] = report["outputs"]
+    assert output["action"] == "none"
+    measured = output["measured"]
+    assert measured["strides"] == [112, 14, 1] and measured["storage_offset"] == 0
+    assert measured["contiguous"] is True and measured["match"] is True
