@@ -73,11 +73,15 @@ def rewrite_graph(
     convert: bool,
     break_aliases: bool = False,
     copy_outputs: bool = True,
+    update_values: bool = True,
 ) -> int:
     """Rewrite ``graph`` in place: convert views (Edge, when ``convert``), copy outputs, retarget
-    ``detach_copy``. Returns how many nodes were added or retargeted."""
+    ``detach_copy``. Returns how many nodes were added or retargeted.
+
+    ``update_values=False`` keeps converted nodes' old fake values (see ``ViewConversion.apply``).
+    """
     facts, conversion = _facts(graph, signature, dialect, policy, break_aliases=break_aliases)
-    changed = conversion.apply() if convert else 0
+    changed = conversion.apply(update_values=update_values) if convert else 0
     if copy_outputs:
         changed += len(insert_output_copies(graph, facts, dialect, conversion.value))
     if dialect.is_edge:

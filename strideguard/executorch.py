@@ -84,7 +84,9 @@ class ReplaceViewCopyWithViewPass:
     ``requires_exported_program``, ``AotiBackend.preprocess`` hands it the whole
     program when it is one of the backend's custom passes: it then also knows
     which outputs are the user's (never a buffer mutation) and keeps the graph
-    signature naming the nodes the graph returns.
+    signature naming the nodes the graph returns. Like ExecuTorch's pass, it
+    leaves converted nodes the fake values of the copies they were: Inductor
+    traces the graph again. New copy nodes get correct values.
     """
 
     requires_exported_program = True
@@ -100,7 +102,13 @@ class ReplaceViewCopyWithViewPass:
             graph_module, signature = target, _all_outputs_are_the_users(target.graph)
             dialect = dialect_of_graph(target.graph)
         changed = rewrite_graph(
-            graph_module.graph, signature, dialect, policy=STRIDEGUARD, convert=True, copy_outputs=self.copy_outputs
+            graph_module.graph,
+            signature,
+            dialect,
+            policy=STRIDEGUARD,
+            convert=True,
+            copy_outputs=self.copy_outputs,
+            update_values=False,
         )
         if changed:
             graph_module.graph.lint()

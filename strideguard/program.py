@@ -10,6 +10,7 @@ nodes the graph returns.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +113,9 @@ def rebuild(program: ExportedProgram, graph: torch.fx.Graph) -> ExportedProgram:
     rebuilt = copy.copy(program)
     rebuilt._graph_module = module
     rebuilt._graph_signature = signature_following_graph(program.graph_signature, graph)
-    rebuilt._module_call_graph = copy.deepcopy(program._module_call_graph)
+    with warnings.catch_warnings():
+        # Deep-copying the call specs trips torch's own LeafSpec deprecation warning.
+        warnings.simplefilter("ignore", FutureWarning)
+        rebuilt._module_call_graph = copy.deepcopy(program._module_call_graph)
     rebuilt._range_constraints = copy.copy(program._range_constraints)
     return rebuilt

@@ -101,12 +101,19 @@ class ViewConversion:
             return original
         return call_on_fake_values(aten_op(target), node, self.value)
 
-    def apply(self) -> int:
-        """Retarget the chosen nodes and give them their view values; returns how many."""
+    def apply(self, *, update_values: bool = True) -> int:
+        """Retarget the chosen nodes and give them their view values; returns how many.
+
+        ``update_values=False`` leaves each converted node the value of the copy
+        it was, as ExecuTorch's own pass does inside ``preprocess``, where
+        Inductor traces the graph again; replaying every view costs more than
+        the rest of the pass.
+        """
         for node, target in self.targets.items():
             node.target = target
-        for node in list(self.targets) + [u for n in self.targets for u in n.users if u.target is operator.getitem]:
-            node.meta["val"] = self.value(node)
+        if update_values:
+            for node in list(self.targets) + [u for n in self.targets for u in n.users if u.target is operator.getitem]:
+                node.meta["val"] = self.value(node)
         return len(self.targets)
 
 
