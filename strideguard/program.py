@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.export.graph_signature import (
     ExportGraphSignature,
     InputKind,
@@ -106,9 +107,14 @@ def rebuild(program: ExportedProgram, graph: torch.fx.Graph) -> ExportedProgram:
     constructor would run the verifier, which for an Edge program propagates
     fake tensors through every node and costs more than the whole pass; the
     result is valid by construction and the tests call ``validate()``.
+
+    The graph module generates its Python code when first called or read
+    (``_LazyGraphModule``, as torch.compile's own graphs do): lowering calls
+    ``module()``, which builds another module anyway, so the code is often
+    never needed.
     """
     graph.lint()
-    module = torch.fx.GraphModule(program.graph_module, graph)
+    module = _LazyGraphModule(program.graph_module, graph)
     module.meta.update(program.graph_module.meta)
     rebuilt = copy.copy(program)
     rebuilt._graph_module = module
