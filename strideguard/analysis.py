@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import Node
 
@@ -118,6 +119,14 @@ def _source_name(node: Node, roles: Mapping[str, Alias], target_of: Targets) -> 
             return op._schema.name.split("::")[-1]
         return getattr(node.target, "__name__", str(node.target))
     return node.name
+
+
+def _overlapping(tensor: torch.Tensor) -> bool:
+    """A view reading some element twice (an expand): AOTInductor returns it as it is, not copied."""
+    return any(
+        statically_known_true(stride == 0) and not statically_known_true(size < 2)
+        for size, stride in zip(tensor.shape, tensor.stride())
+    )
 
 
 def _control_flow_base(node: Node) -> bool:
@@ -229,7 +238,7 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
     shape = tuple(tensor.shape)
     if target_order is None:
         target_order = layout.identity_order(tensor.dim())
-    if base_role is not None and base_role.kind in _WEIGHT_KINDS:
+    if base_role is not None and base_role.kind in _WEIGHT_KINDS and not _overlapping(tensor):
         strides = layout.preserve_format_strides(tensor)
     else:
         strides = tuple(tensor.stride())

@@ -180,6 +180,10 @@ def plan_view_conversion(
         if op_key(node.target).startswith("aten::view_copy") and not _viewable(node, conversion):
             continue
         conversion.targets[node] = view_twin(node.target)
+        if policy.careful and op_key(node.target) not in EXECUTORCH_VIEW_COPIES and _reorders_for_compute(node, conversion):
+            del conversion.targets[node]
+            conversion._values.pop(node, None)
+            continue
         if policy.careful and pieces and op_key(node.target) not in EXECUTORCH_VIEW_COPIES:
             taken = placeholder_storages | decided_returned_storages
             if not _conversion_pays(node, pieces, conversion, taken):
@@ -188,6 +192,30 @@ def plan_view_conversion(
                     conversion._values.pop(p, None)
         decided_returned_storages.update(storage_key(conversion.value(p)) for p in pieces)
     return conversion
+
+
+def _reorders_for_compute(node: Node, conversion: ViewConversion) -> bool:
+    """Whether the view would hand compute its elements in another dimension order.
+
+    An elementwise op follows its input's dimension order, so its result would
+    change layout where the analysis does not look; a matmul on a transposed
+    operand takes another BLAS path and may differ in the last bit. Such a copy
+    stays a copy: it is the one layout change the program asked for.
+    """
+    value, original = conversion.value(node), node.meta.get("val")
+    pairs = list(zip(value, original)) if isinstance(value, (list, tuple)) else [(value, original)]
+    reordered = any(
+        isinstance(new, torch.Tensor)
+        and isinstance(old, torch.Tensor)
+        and layout.dim_order_of(new.shape, new.stride()) != layout.dim_order_of(old.shape, old.stride())
+        for new, old in pairs
+    )
+    if not reordered:
+        return False
+    consumers = [u for u in node.users if u.target is not operator.getitem] + [
+        w for u in node.users if u.target is operator.getitem for w in u.users
+    ]
+    return any(u.op == "call_function" and not is_view_op(conversion.target_of(u)) for u in consumers)
 
 
 def _conversion_pays(node: Node, pieces: list[Node], conversion: ViewConversion, taken: set) -> bool:
