@@ -34,7 +34,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx.passes.infra.pass_base import PassResult
 
 from . import layout
-from .api import rewrite_graph, transformed
+from .api import rewrite_graph, transformed, without_garbage_collection
 from .dialect import dialect_of, dialect_of_graph
 from .passes.view_copies_to_views import EXECUTORCH_1_5, STRIDEGUARD, plan_view_conversion, promised_dim_order
 from .program import require_exported_program, signature_following_graph
@@ -101,15 +101,16 @@ class ReplaceViewCopyWithViewPass:
         else:
             graph_module, signature = target, _all_outputs_are_the_users(target.graph)
             dialect = dialect_of_graph(target.graph)
-        changed = rewrite_graph(
-            graph_module.graph,
-            signature,
-            dialect,
-            policy=STRIDEGUARD,
-            convert=True,
-            copy_outputs=self.copy_outputs,
-            update_values=False,
-        )
+        with without_garbage_collection():
+            changed = rewrite_graph(
+                graph_module.graph,
+                signature,
+                dialect,
+                policy=STRIDEGUARD,
+                convert=True,
+                copy_outputs=self.copy_outputs,
+                update_values=False,
+            )
         if changed:
             graph_module.graph.lint()
             graph_module.recompile()
