@@ -69,3 +69,12 @@ def run_eager(program, inputs) -> list:
 
 
 __all__ = ["Compiled", "check_compiled", "run_compiled", "run_eager"]
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--fuzz-minutes",
+        type=float,
+        default=0.0,
+        help="run tests/test_generated.py for this many minutes of random programs (0: the bounded, repeatable CI run)",
+    )

@@ -25,7 +25,6 @@ from typing import Any, Callable, Optional
 import torch
 from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
-from torch.utils._mode_utils import no_dispatch
 from torch.fx import Node
 
 from .. import layout
@@ -120,35 +119,13 @@ class ViewConversion:
 
 
 def call_on_fake_values(op: Any, node: Node, value: Callable[[Node], Any]) -> Any:
-    """Run ``op`` on the fake values of ``node``'s arguments: the value ``node`` would have.
-
-    In a program without symbolic sizes, a view op runs on the meta tensors
-    beneath the fake ones and its result is wrapped back, four times faster
-    than dispatching through the fake mode, which a pass over a large graph
-    pays for every converted view. Other ops (whose kernels may not all be
-    meta kernels) and symbolic programs take the fake mode's own path.
-    """
+    """Run ``op`` on the fake values of ``node``'s arguments: the value ``node`` would have."""
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), value)
-    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-    fake_mode = detect_fake_mode(tensors)
+    fake_mode = detect_fake_mode([a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)])
     if fake_mode is None:
         return op(*args, **kwargs)
-    if is_view_op(op) and not _has_symbols(fake_mode):
-        with no_dispatch():
-            result = op(*args, **kwargs)
-        device = tensors[0].fake_device
-        return pytree.tree_map_only(
-            torch.Tensor, lambda t: fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, t, device), result
-        )
     with fake_mode:
         return op(*args, **kwargs)
-
-
-def _has_symbols(fake_mode: Any) -> bool:
-    """Whether the program has any symbolic size: then every op takes the fake mode's path,
-    which keeps sizes symbolic (on meta tensors a view could specialize them)."""
-    shape_env = getattr(fake_mode, "shape_env", None)
-    return shape_env is not None and bool(shape_env.var_to_range)
 
 
 def plan_view_conversion(
