@@ -457,7 +457,9 @@ def view_steps(draw, probe: Probe) -> Step:
         return Step(op, tuple(draw(st.permutations(range(ndim)))))
     if op == "expand":
         leading = draw(st.lists(st.integers(0, 3), max_size=max(0, min(2, MAX_DIMS - ndim))))
-        sizes = [draw(st.sampled_from([-1, 2, 3, 0])) if size == 1 and d not in batch else -1 for d, size in enumerate(shape)]
+        sizes = [
+            draw(st.sampled_from([-1, 2, 3, 0])) if size == 1 and d not in batch else -1 for d, size in enumerate(shape)
+        ]
         return Step(op, tuple(leading + sizes))
     if op == "unsqueeze":
         return Step(op, (draw(st.integers(-ndim - 1, ndim)),))
@@ -771,7 +773,8 @@ def check_densify_outputs(program: ExportedProgram, input_sets: Sequence[tuple])
     planned = [o.index for o in plan.copies_needed]
     assert sorted(copied) == planned, f"copies at outputs {sorted(copied)}, the plan has {planned}"
     assert strideguard.inspect(fixed).ok, str(strideguard.inspect(fixed))
-    orders = [layout.identity_order(n.meta["val"].dim()) if _is_tensor_node(n) else None for n in user_output_nodes(program)]
+    returned = user_output_nodes(program)
+    orders = [layout.identity_order(n.meta["val"].dim()) if _is_tensor_node(n) else None for n in returned]
     check_outputs(program, fixed, program, plan, orders, input_sets, dynamic=len(input_sets) > 1)
 
 

@@ -32,7 +32,7 @@ from hypothesis.errors import HypothesisException
 from . import generated
 from .generated import ProgramSpec
 
-CI_EXAMPLES = 90
+CI_EXAMPLES = 80
 """Sized so that this file, compiles included, stays under three minutes on two cores."""
 
 FUZZ_BATCH = 25
