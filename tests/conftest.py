@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import strideguard
-from strideguard.verify import check_compiled, compile_program
+from strideguard.verify import compile_program
 
 from . import programs
 
@@ -66,9 +66,6 @@ def run_compiled(compiled: Compiled, inputs) -> list:
 def run_eager(program, inputs) -> list:
     with torch.no_grad():
         return torch.utils._pytree.tree_leaves(program.module()(*inputs), is_leaf=lambda x: x is None)
-
-
-__all__ = ["Compiled", "check_compiled", "run_compiled", "run_eager"]
 
 
 def pytest_addoption(parser):

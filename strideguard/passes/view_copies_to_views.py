@@ -102,6 +102,11 @@ class ViewConversion:
             return original
         return call_on_fake_values(aten_op(target), node, self.value)
 
+    def forget(self, nodes) -> None:
+        """Drop memoized values of ``nodes``, whose conversion was just decided otherwise."""
+        for node in nodes:
+            self._values.pop(node, None)
+
     def apply(self, *, update_values: bool = True) -> int:
         """Retarget the chosen nodes and give them their view values; returns how many.
 
@@ -159,14 +164,13 @@ def plan_view_conversion(
         conversion.targets[node] = view_twin(node.target)
         if policy.careful and op_key(node.target) not in EXECUTORCH_VIEW_COPIES and _reorders_for_compute(node, conversion):
             del conversion.targets[node]
-            conversion._values.pop(node, None)
+            conversion.forget([node])
             continue
         if policy.careful and pieces and op_key(node.target) not in EXECUTORCH_VIEW_COPIES:
             taken = placeholder_storages | decided_returned_storages
             if not _conversion_pays(node, pieces, conversion, taken):
                 del conversion.targets[node]
-                for p in [node, *pieces]:
-                    conversion._values.pop(p, None)
+                conversion.forget([node, *pieces])
         decided_returned_storages.update(storage_key(conversion.value(p)) for p in pieces)
     return conversion
 
