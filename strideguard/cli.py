@@ -3,8 +3,10 @@
 Exit codes: 0 when every user output comes back dense in its target layout
 (for ``verify``: measured so, with values equal to eager); 1 when some does
 not; 2 when the command could not do its job: bad usage, a file it cannot or
-will not read or write, or an error while fixing or compiling. An error is
-one line on stderr; ``--debug`` adds the traceback and torch's warnings.
+will not read or write, or an error while fixing or compiling; 128 plus the
+signal number when SIGINT, SIGTERM or SIGHUP stopped it (130, 143, 129). An
+error is one line on stderr (with ``--json``, also ``{"ok": false, "error":
+...}`` on stdout); ``--debug`` adds the traceback and torch's warnings.
 """
 
 from __future__ import annotations
@@ -25,9 +27,22 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+try:  # typer 0.2x carries its own copy of click; earlier versions use click itself
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exceptions
+
 from . import densify_outputs, inspect, prepare_for_aoti
 from . import verify as verify_program
-from .loading import ProgramFileError, check_output_path, load_program, save_program
+from .loading import (
+    Interrupted,
+    ProgramFileError,
+    check_output_path,
+    interruptible,
+    load_program,
+    save_program,
+    write_output,
+)
 from .records import Action, LayoutReport, VerifyReport
 
 app = typer.Typer(
@@ -56,7 +71,7 @@ Debug = Annotated[bool, typer.Option("--debug", help="On errors, show the traceb
 
 
 @contextlib.contextmanager
-def _running(action: str, debug: bool) -> Iterator[None]:
+def _running(action: str, debug: bool, json_output: bool = False) -> Iterator[None]:
     """Run library work quietly, with anything it prints kept off stdout, and turn failures into exit 2.
 
     stdout carries only the command's result (``--json`` promises nothing
@@ -65,6 +80,7 @@ def _running(action: str, debug: bool) -> Iterator[None]:
     """
     torch_logger = logging.getLogger("torch")
     level = torch_logger.level
+    failure = None
     with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
         if not debug:
             warnings.simplefilter("ignore")
@@ -72,11 +88,19 @@ def _running(action: str, debug: bool) -> Iterator[None]:
         try:
             yield
         except ProgramFileError as error:
-            _fail(str(error), debug)
+            failure = _with_traceback(str(error), debug)
         except Exception as error:
-            _fail(f"{action} failed: {type(error).__name__}: {_first_line(error)}", debug)
+            failure = _with_traceback(f"{action} failed: {type(error).__name__}: {_first_line(error)}", debug)
         finally:
             torch_logger.setLevel(level)
+    if failure is not None:
+        _fail(failure, json_output)  # outside the redirection, so that --json's error reaches stdout
+
+
+def _with_traceback(message: str, debug: bool) -> str:
+    if debug:
+        traceback.print_exc()
+    return message
 
 
 def _first_line(error: BaseException) -> str:
@@ -84,11 +108,17 @@ def _first_line(error: BaseException) -> str:
     return lines[0] if lines else "no message"
 
 
-def _fail(message: str, debug: bool) -> None:
-    if debug:
-        traceback.print_exc()
-    typer.echo(f"strideguard: error: {message}", err=True)
+def _fail(message: str, json_output: bool = False) -> None:
+    _report_error(message, json_output)
     raise typer.Exit(2)
+
+
+def _report_error(message: str, json_output: bool) -> None:
+    """One line on stderr, whatever the message holds; with ``--json``, the same error as JSON on stdout."""
+    line = " ".join(message.split()) if message.isprintable() else repr(message)
+    if json_output:
+        print(json.dumps({"ok": False, "error": line}), flush=True)
+    print(f"strideguard: error: {line}", file=sys.stderr, flush=True)
 
 
 def _stdout() -> Console:
@@ -150,20 +180,21 @@ def inspect_command(
     program: ProgramFile,
     json_output: JsonOutput = False,
     plot: Annotated[
-        Optional[Path],
-        typer.Option("--plot", help="Draw each output that fix copies, before and after, into this PNG file."),
+        Optional[str],  # as typed: a Path would drop the trailing "/" that makes it a folder
+        typer.Option("--plot", help="Draw each output that fix copies, before and after, into this PNG file (written under exactly this name)."),
     ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace the --plot file if it exists.")] = False,
     debug: Debug = False,
 ) -> None:
     """Show every user output as AOTInductor will return it, and what fix would insert."""
-    with _running("inspect", debug):
+    with _running("inspect", debug, json_output):
+        if plot is not None:
+            check_output_path(plot, input_path=program, overwrite=force)
         loaded = load_program(program)
         report = inspect(loaded)
     if plot is not None:
-        from .plot import plot_copies  # matplotlib loads only when a picture is asked for
-
-        with _running(f"writing the plot {plot}", debug):
-            plot_copies(loaded, report, plot, title=f"strideguard inspect {program.name}")
+        with _running(f"writing the plot {plot}", debug, json_output):
+            _write_plot(loaded, report, plot, program, force)
     if json_output:
         _print_json(report.to_dict())
     else:
@@ -174,11 +205,20 @@ def inspect_command(
     raise typer.Exit(0 if report.ok else 1)
 
 
+def _write_plot(loaded, report: LayoutReport, plot: str, program: Path, force: bool) -> None:
+    """The picture goes through the same careful write as a fixed program: never over the input or another file."""
+    from .plot import plot_copies  # matplotlib loads only when a picture is asked for
+
+    title = f"strideguard inspect {program.name}"
+    write_output(plot, lambda file: plot_copies(loaded, report, file, title=title), input_path=program, overwrite=force)
+
+
 @app.command()
 def fix(
     program: ProgramFile,
     output: Annotated[
-        Path, typer.Option("-o", "--output", help="Where to write the fixed program.", show_default=False)
+        str,  # as typed: a Path would drop the trailing "/" that makes it a folder
+        typer.Option("-o", "--output", help="Where to write the fixed program.", show_default=False),
     ],
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
     target: Annotated[
@@ -200,7 +240,7 @@ def fix(
         loaded = load_program(program)
         fixed = transform(loaded, break_aliases=break_aliases)
         report = inspect(fixed)
-        save_program(fixed, output)
+        save_program(fixed, output, input_path=program, overwrite=force)
     console = _stdout()
     console.print(f"wrote {output} (prepared for {target.value}; {program} unchanged)")
     _print_layout(console, f"{output}: {len(report.outputs)} user outputs ({report.dialect})", report)
@@ -216,8 +256,8 @@ def verify(
 ) -> None:
     """Compile PROGRAM with AOTInductor, run it on its stored example inputs, and measure every output."""
     if device is Device.cuda and not torch.cuda.is_available():
-        _fail("--device cuda: this torch sees no CUDA device", debug)
-    with _running("verify", debug):
+        _fail("--device cuda: this torch sees no CUDA device", json_output)
+    with _running("verify", debug, json_output):
         loaded = load_program(program)
         report = inspect(loaded)
         with Progress(
@@ -287,5 +327,32 @@ def demo() -> None:
     raise typer.Exit(0 if run_demo() else 1)
 
 
-def main() -> None:
-    app(prog_name="strideguard")
+def main(arguments: Optional[list[str]] = None) -> None:
+    """Run the command line; every way it can stop ends here with its exit code.
+
+    Click's usage errors become one line (not typer's box); a signal ends the
+    run with 128 plus its number after the command has removed what it was
+    writing.
+    """
+    arguments = sys.argv[1:] if arguments is None else arguments
+    json_output = "--json" in arguments
+    with interruptible():
+        try:
+            code = app(args=arguments, prog_name="strideguard", standalone_mode=False)
+        except click_exceptions.NoArgsIsHelpError:
+            code = 0  # the help was printed: no command is a request for it
+        except click_exceptions.ClickException as error:
+            _report_error(_usage_problem(error), json_output)
+            code = 2
+        except typer.Abort:
+            _report_error("aborted", json_output)
+            code = 130
+        except Interrupted as interrupted:
+            _report_error(str(interrupted), json_output)
+            code = interrupted.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_problem(error: click_exceptions.ClickException) -> str:
+    command = error.ctx.command_path if getattr(error, "ctx", None) else "strideguard"
+    return f"{error.format_message()} (see '{command} --help')"

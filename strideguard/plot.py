@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import BinaryIO, Optional, Sequence
 
 import numpy as np
 import torch
@@ -61,8 +61,11 @@ class _Storage:
     """Cells per drawn row: the output's row pitch, so rows of the output line up."""
 
 
-def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLike | str, *, title: str) -> int:
+def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLike | str | BinaryIO, *, title: str) -> int:
     """Draw each output of ``report`` that ``fix`` copies into the PNG file ``path``; returns how many were drawn.
+
+    ``path`` may be an open binary file (how the command line writes it
+    safely); the image is PNG whatever the name, so no extension is added.
 
     ``report`` is ``inspect(program)``. The storage is the one the program's
     metadata gives the returned value (for a view, its source's), which is
@@ -97,7 +100,7 @@ def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLik
     if drawn:
         figure.legend(handles=_LEGEND, loc="lower center", ncol=len(_LEGEND), fontsize=8, frameon=False)
     figure.tight_layout(rect=(0, 0.04 if drawn else 0, 1, 1))
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, format="png")
     return len(drawn)
 
 

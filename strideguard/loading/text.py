@@ -1,0 +1,112 @@
+"""What each kind of text in a program may contain, by where torch puts it.
+
+Every string of a serialized program ends up somewhere: pasted into Python
+that torch generates and runs (names), into a Python or C++ string literal
+(operator arguments, messages, weight names), evaluated (expressions,
+guards), parsed as data, or nowhere. Each function here accepts the text one
+place allows and raises ``Refused`` naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import re
+
+from . import limits
+from .errors import Refused, excerpt
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FQN = re.compile(r"[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*")
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_VERSION = re.compile(r"[0-9A-Za-z.+_\-<=]{1,64}")
+
+DEVICE_TYPES = frozenset({"cpu", "cuda", "meta", "mps", "xpu"})
+
+
+def _bounded(text: str, limit: int, what: str) -> None:
+    if len(text) > limit:
+        raise Refused(f"{what} {excerpt(text)} is longer than {limit} characters")
+
+
+def identifier(text: str, what: str) -> str:
+    """A name torch pastes into generated Python as a variable, parameter or keyword: ASCII, no keyword, no dunder."""
+    _bounded(text, limits.MAX_NAME, what)
+    if not _IDENTIFIER.fullmatch(text) or keyword.iskeyword(text) or text.startswith("__"):
+        raise Refused(f"{what} {excerpt(text)} is not a plain Python identifier")
+    return text
+
+
+def qualified_name(text: str, what: str) -> str:
+    """A weight, buffer or module path (``net.0.weight``): pasted into generated Python and C++ strings."""
+    _bounded(text, limits.MAX_NAME, what)
+    if not _FQN.fullmatch(text):
+        raise Refused(f"{what} {excerpt(text)} is not a dotted name of letters, digits, '_' and '-'")
+    return text
+
+
+def module_path(text: str, what: str) -> str:
+    """A module path in the call graph: the root module is ``""``."""
+    return text if text == "" else qualified_name(text, what)
+
+
+def dotted_name(text: str, what: str) -> str:
+    """A Python type or attribute path such as ``torch.nn.modules.linear.Linear``, with no dunder part."""
+    _bounded(text, limits.MAX_NAME, what)
+    if not _DOTTED.fullmatch(text) or any(part.startswith("__") for part in text.split(".")):
+        raise Refused(f"{what} {excerpt(text)} is not a dotted Python name")
+    return text
+
+
+def string_literal(text: str, what: str) -> str:
+    """Text torch pastes between double quotes in generated C++ or Python (operator arguments, messages)."""
+    _bounded(text, limits.MAX_TEXT, what)
+    if not text.isprintable() or '"' in text or "\\" in text:
+        raise Refused(f"{what} {excerpt(text)} contains a quote, backslash or control character")
+    return text
+
+
+def quoted_input(text: str, what: str) -> str:
+    """A string input: torch pastes it between single quotes in a guard, inside a double-quoted message."""
+    string_literal(text, what)
+    if "'" in text:
+        raise Refused(f"{what} {excerpt(text)} contains a quote, which torch would paste into a guard")
+    return text
+
+
+def data_text(text: str, what: str, *, limit: int = limits.MAX_METADATA_TEXT) -> str:
+    """Text that stays data: bounded, and printable apart from line breaks and tabs."""
+    _bounded(text, limit, what)
+    if not text.replace("\n", "").replace("\t", "").isprintable():
+        raise Refused(f"{what} {excerpt(text)} contains a control character")
+    return text
+
+
+def stack_trace(text: str, what: str = "a stack trace") -> str:
+    """Inductor's kernel-profile mode pastes stack traces into a C++ raw string ``R"(...)"``."""
+    data_text(text, what)
+    if ')"' in text:
+        raise Refused(f"{what} contains ')\"', which would end a C++ raw string")
+    return text
+
+
+def json_text(text: str, what: str) -> str:
+    """Metadata torch parses with ``json.loads`` and keeps as data."""
+    data_text(text, what)
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        raise Refused(f"{what} is not valid JSON") from None
+    return text
+
+
+def device_type(text: str, what: str = "a device") -> str:
+    if text not in DEVICE_TYPES:
+        raise Refused(f"{what} {excerpt(text)} is not one of {', '.join(sorted(DEVICE_TYPES))}")
+    return text
+
+
+def version(text: str, what: str = "the torch version") -> str:
+    if not _VERSION.fullmatch(text):
+        raise Refused(f"{what} {excerpt(text)} is not a version number")
+    return text
