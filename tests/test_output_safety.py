@@ -1,0 +1,202 @@
+"""``fix`` and ``--plot`` never lose a file: not the input, not one that exists or appears, not on a failed write.
+
+The publishing mechanics are tested in-process on ``write_output`` and
+``save_program``; the races, signals and a real file-size limit go through
+the command line in subprocesses, run in parallel where they can be.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import resource
+import signal
+import stat
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+import torch
+
+from strideguard.examples import export_policy
+from strideguard.loading import ProgramFileError, save_program, write_output
+from strideguard.loading import output as output_module
+
+REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("policy") / "policy.pt2"
+    torch.export.save(export_policy(batch=1), path)
+    return path
+
+
+def leftovers(folder: pathlib.Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir() if path.name.endswith(".tmp"))
+
+
+def strideguard(*arguments, **options) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "strideguard", *map(str, arguments)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPOSITORY,
+        **options,
+    )
+
+
+def test_a_file_appearing_at_the_output_during_the_run_survives(tmp_path):
+    output = tmp_path / "out.bin"
+
+    def write(file):
+        file.write(b"new content")
+        output.write_bytes(b"someone's file")  # another process, while strideguard writes
+
+    with pytest.raises(ProgramFileError, match="appeared while strideguard was running"):
+        write_output(output, write)
+    assert output.read_bytes() == b"someone's file"
+    assert leftovers(tmp_path) == []
+
+
+def test_two_concurrent_fix_runs_exactly_one_wins(policy, tmp_path):
+    output = tmp_path / "fixed.pt2"
+    runs = [strideguard("fix", policy, "-o", output) for _ in range(2)]
+    results = [(run.wait(timeout=300), run.stderr.read()) for run in runs]
+    assert sorted(code for code, _ in results) == [0, 2]
+    [(_, refusal)] = [(code, err) for code, err in results if code == 2]
+    assert len(refusal.strip().splitlines()) == 1 and str(output) in refusal
+    assert zipfile.is_zipfile(output)
+    assert leftovers(tmp_path) == []
+
+
+SLOW_WRITER = """
+import pathlib, sys, time
+from strideguard import cli
+from strideguard.loading import output
+
+ready = pathlib.Path(sys.argv[1])
+write = output._Sink.write
+
+def slow_write(self, data):
+    if not ready.exists():
+        ready.touch()  # the signal comes now, while torch's writer is inside a write
+        deadline = time.monotonic() + 60
+        while output._signals.pending is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return write(self, data)
+
+output._Sink.write = slow_write
+cli.main(sys.argv[2:])
+"""
+
+
+def test_signals_during_the_write_remove_the_temporary_file(policy, tmp_path):
+    runs = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        folder = tmp_path / signum.name
+        folder.mkdir()
+        ready = folder / "ready"
+        process = subprocess.Popen(
+            [sys.executable, "-c", SLOW_WRITER, ready, "fix", policy, "-o", folder / "fixed.pt2"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPOSITORY,
+        )
+        runs[signum] = (process, folder, ready)
+    for signum, (process, folder, ready) in runs.items():
+        deadline = time.monotonic() + 240
+        while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), process.stderr.read()
+        process.send_signal(signum)
+    for signum, (process, folder, ready) in runs.items():
+        assert process.wait(timeout=60) == 128 + signum
+        assert process.stderr.read().strip().splitlines() == [f"strideguard: error: interrupted by {signum.name}"]
+        assert not (folder / "fixed.pt2").exists()
+        assert leftovers(folder) == []
+
+
+def test_a_full_disk_is_one_line_and_exit_2(policy, tmp_path):
+    """A file-size limit makes the write fail with EFBIG, as a full disk fails it with ENOSPC."""
+    limit = policy.stat().st_size // 4
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    output = tmp_path / "fixed.pt2"
+    run = strideguard("fix", policy, "-o", output, preexec_fn=small_files)
+    code, error = run.wait(timeout=300), run.stderr.read()
+    assert code == 2, error
+    assert error.strip().splitlines() == [f"strideguard: error: {output}: cannot be written: File too large (nothing was written)"]
+    assert not output.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_write_error_never_reaches_torchs_writer(policy, tmp_path, monkeypatch):
+    """torch's C++ stream writer aborts the process if it sees a failed write; here it would abort pytest."""
+    program = torch.export.load(policy)
+    real_write = os.write
+    written = []
+
+    def disk_fills_up(descriptor, data):
+        if sum(written) > 4096:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written.append(len(data))
+        return real_write(descriptor, data)
+
+    monkeypatch.setattr(output_module.os, "write", disk_fills_up)
+    output = tmp_path / "fixed.pt2"
+    with pytest.raises(ProgramFileError, match="No space left on device"):
+        save_program(program, output)
+    assert not output.exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_force_keeps_the_replaced_files_mode(tmp_path):
+    output = tmp_path / "private.bin"
+    output.write_bytes(b"old")
+    output.chmod(0o600)
+    write_output(output, lambda file: file.write(b"new"), overwrite=True)
+    assert output.read_bytes() == b"new"
+    assert stat.S_IMODE(output.stat().st_mode) == 0o600
+
+
+def test_force_replaces_a_dangling_link_not_what_it_points_to(tmp_path):
+    link = tmp_path / "link.bin"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ProgramFileError, match="already exists"):
+        write_output(link, lambda file: file.write(b"new"))
+    assert link.is_symlink()
+    write_output(link, lambda file: file.write(b"new"), overwrite=True)
+    assert not link.is_symlink() and link.read_bytes() == b"new"
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize(
+    "name, says, overwrite",
+    [
+        ("folder/", "ends with a '/'", True),
+        ("existing-folder", "is a directory", True),
+        ("input.pt2", "is the input file", True),
+        ("link-to-input.pt2", "is the input file", True),
+        ("fifo", "not a regular file", True),
+        ("missing-folder/out.pt2", "no folder", False),
+    ],
+)
+def test_outputs_that_are_refused(tmp_path, name, says, overwrite):
+    source = tmp_path / "input.pt2"
+    source.write_bytes(b"input")
+    (tmp_path / "existing-folder").mkdir()
+    (tmp_path / "link-to-input.pt2").symlink_to(source)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(ProgramFileError, match=says):
+        write_output(f"{tmp_path}/{name}", lambda file: file.write(b"new"), input_path=source, overwrite=overwrite)
+    assert source.read_bytes() == b"input"
+    assert leftovers(tmp_path) == []
