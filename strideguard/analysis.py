@@ -15,19 +15,21 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import Node
 
-from . import layout
+from . import inductor, layout
+from .fake_values import call_on_fake_values, storage_key
 from .dialect import Dialect, aten_op, is_higher_order, is_view_op
 from .program import UserOutput, output_values, placeholder_roles, user_outputs
 from .records import Action, Alias, AliasKind, LayoutReport, OutputLayout
 
-_WEIGHT_KINDS = (AliasKind.PARAMETER, AliasKind.BUFFER, AliasKind.CONSTANT)
+if TYPE_CHECKING:
+    from .lowering import Lowering
 
 Values = Callable[[Node], Any]
 """The fake value a node will have in the compiled program."""
@@ -42,19 +44,6 @@ def own_target(node: Node) -> Any:
 
 def meta_value(node: Node) -> Any:
     return node.meta.get("val")
-
-
-def storage_key(value: Any) -> Optional[int]:
-    """Identity of the memory behind a fake or real tensor (of the first, for a list of views).
-
-    The address of its ``StorageImpl``, as ``StorageWeakRef`` uses; the program
-    holds every one of these tensors alive while the analysis runs.
-    """
-    if isinstance(value, (list, tuple)):
-        value = next((v for v in value if isinstance(v, torch.Tensor)), None)
-    if isinstance(value, torch.Tensor):
-        return value.untyped_storage()._cdata
-    return None
 
 
 def view_source(node: Node, values: Values, target_of: Targets = own_target) -> Optional[Node]:
@@ -144,13 +133,15 @@ def analyze_outputs(
     values: Values = meta_value,
     target_of: Targets = own_target,
     target_orders: Optional[Mapping[int, tuple[int, ...]]] = None,
+    relaid: frozenset = frozenset(),
     break_aliases: bool = False,
 ) -> list[OutputFacts]:
     """Facts for each user output of ``program``'s graph.
 
     ``values`` gives each node's fake value in the compiled program (an Edge
     program's view copies replayed as views); ``target_orders`` maps a user
-    output's index to its promised dim order (contiguous when absent).
+    output's index to its promised dim order (contiguous when absent);
+    ``relaid`` holds the compute nodes whose layout those conversions may change.
     """
     roles = placeholder_roles(signature)
     returned = output_values(graph)
@@ -169,17 +160,22 @@ def analyze_outputs(
             if key is not None:
                 output_keys.setdefault(key, []).append(out.index)
 
+    returned_nodes = {v for v in returned if isinstance(v, Node)}
     facts = []
     for out in outputs:
         value = returned[out.position]
         target_order = (target_orders or {}).get(out.index)
-        facts.append(_facts_for(out, value, values, target_of, roles, memory_owners, output_keys, target_order))
+        facts.append(
+            _facts_for(
+                out, value, values, target_of, roles, memory_owners, output_keys, target_order, returned_nodes, relaid
+            )
+        )
     if break_aliases:
-        facts = _break_aliases(facts)
+        facts = break_shared_memory(facts)
     return facts
 
 
-def _break_aliases(facts: list[OutputFacts]) -> list[OutputFacts]:
+def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
     """Copy every output that, after the layout copies, still shares memory.
 
     Outputs copied for their layout own fresh memory; of the rest, the first
@@ -222,7 +218,116 @@ def _non_tensor_facts(out: UserOutput, value: Any, node: Optional[Node]) -> Outp
     return OutputFacts(out, node, (), None, None, False, record)
 
 
-def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys, target_order):
+@dataclass(frozen=True)
+class _Compiled:
+    """The strides the compiled method returns for an output, or why the analysis cannot say."""
+
+    strides: tuple
+    undecided: Optional[str] = None
+    """Why Inductor, not the graph, decides this layout. The output is then copied, unless every
+    layout Inductor may choose (``alternatives`` and ``strides``) is the target layout."""
+    alternatives: tuple = ()
+    """Other layouts Inductor may return it in, when it is undecided."""
+    unknown: bool = False
+    """Inductor may choose layouts not even listed here: always copy."""
+    note: Optional[str] = None
+
+
+def _compiled_layout(
+    tensor: torch.Tensor,
+    chain: list[Node],
+    base: Node,
+    base_role: Optional[Alias],
+    values: Values,
+    target_of: Targets,
+    returned: set,
+    relaid: set,
+) -> _Compiled:
+    """What AOTInductor hands back for a user output: the view chain over its base, as Inductor lays the base out.
+
+    Decided here: views of inputs; views of weights Inductor keeps as
+    constant buffers (the wrapper returns a clone of them); outputs that are
+    not views (the strides of their value after Inductor's decompositions);
+    and views of what Inductor writes before any view is taken (an extern
+    kernel's output, or a node that is itself returned). A view of other
+    compute is left to Inductor, which may compute just the viewed elements
+    afresh, densely, or lay the base out otherwise than traced.
+    """
+    if base.op == "placeholder":
+        if base_role is None or base_role.kind is AliasKind.INPUT:
+            return _Compiled(tuple(tensor.stride()))
+        lowering = inductor.weight_lowering(values(base))
+        if lowering is inductor.WeightLowering.CONSTANT and not _overlapping(tensor):
+            # The wrapper clones a view of a constant it can see as one; with a size-one dimension,
+            # Inductor may re-stride the view first ("insignificant strides") and return it uncopied.
+            copied, viewed = layout.preserve_format_strides(tensor), tuple(tensor.stride())
+            size_one = any(layout.same_sizes((size,), (1,)) for size in tensor.shape)
+            if not chain or not size_one or layout.same_sizes(copied, viewed):
+                return _Compiled(copied, note="AOTInductor returns a copy of a weight's view")
+            return _Compiled(
+                copied,
+                undecided="AOTInductor returns either a copy of this view of a weight or, re-strided for its "
+                "size-one dimensions, the view itself",
+                alternatives=(viewed,),
+            )
+        how = {
+            inductor.WeightLowering.SCALAR: "folds this 0-dim weight into its code",
+            inductor.WeightLowering.INLINED: "inlines this small weight as computed values",
+            inductor.WeightLowering.CONSTANT: "decides how to return an expand of a weight",
+        }[lowering]
+        return _Compiled(tuple(tensor.stride()), undecided=f"Inductor {how}")
+    if base.op != "call_function":
+        return _Compiled(tuple(tensor.stride()), undecided=f"a {base.op} node")
+    if base in relaid:
+        name = _source_name(base, {}, target_of)
+        return _Compiled(
+            tuple(tensor.stride()),
+            undecided=f"{name} reads a view that now has other strides, so Inductor lays it out afresh",
+            unknown=True,
+        )
+    decomposition = _decomposed(base, values, target_of)
+    if not chain:
+        value = decomposition.value if decomposition is not None else tensor
+        return _Compiled(tuple(value.stride()))
+    strides = tuple(tensor.stride())
+    if decomposition is not None and not layout.same_sizes(decomposition.value.stride(), values(base).stride()):
+        strides = _replayed_over(chain, base, decomposition.value, values, target_of)
+    producer = decomposition.producer if decomposition is not None else aten_op(target_of(base))
+    if base not in returned and not inductor.lowers_to_kernel_output(producer):
+        name = getattr(producer, "__name__", str(producer))
+        return _Compiled(
+            strides,
+            undecided=f"a view of {name}, which Inductor may fuse into this output and lay out afresh "
+            "(the copy is then fused too, at no cost)",
+        )
+    return _Compiled(strides)
+
+
+def _decomposed(node: Node, values: Values, target_of: Targets) -> Optional[inductor.Decomposed]:
+    """``node``'s value and producing op after Inductor's decompositions, when it has any to apply."""
+    op = aten_op(target_of(node))
+    if not isinstance(op, torch._ops.OpOverload) or not inductor.decomposes(op):
+        return None
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values)
+    return inductor.decomposed(op, args, kwargs)
+
+
+def _replayed_over(chain: list[Node], base: Node, base_value: torch.Tensor, values: Values, target_of: Targets) -> tuple:
+    """The strides of the view chain replayed over another value of its base."""
+    replaced = {base: base_value}
+
+    def value(node: Node) -> Any:
+        return replaced[node] if node in replaced else values(node)
+
+    for node in reversed(chain):
+        if node.target is operator.getitem:
+            replaced[node] = value(node.args[0])[node.args[1]]
+        else:
+            replaced[node] = call_on_fake_values(aten_op(target_of(node)), node, value)
+    return tuple(replaced[chain[0]].stride())
+
+
+def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys, target_order, returned, relaid):
     node = value if isinstance(value, Node) else None
     tensor = values(node) if node is not None else None
     if not isinstance(tensor, torch.Tensor):
@@ -238,10 +343,8 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
     shape = tuple(tensor.shape)
     if target_order is None:
         target_order = layout.identity_order(tensor.dim())
-    if base_role is not None and base_role.kind in _WEIGHT_KINDS and not _overlapping(tensor):
-        strides = layout.preserve_format_strides(tensor)
-    else:
-        strides = tuple(tensor.stride())
+    compiled = _compiled_layout(tensor, chain, base, base_role, values, target_of, returned, relaid)
+    strides = compiled.strides
 
     contiguous = layout.is_contiguous(shape, strides)
     dense = layout.is_non_overlapping_and_dense(shape, strides)
@@ -261,20 +364,30 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
     if control_flow:
         in_target = None
         needs_copy, reason = True, "output of control flow: its compiled layout is not decided, so it is copied"
+    elif in_target is None:
+        needs_copy = True
+        reason = "symbolic strides: cannot prove them those of its target layout, so it is copied"
+    elif compiled.undecided is not None and (
+        compiled.unknown
+        or in_target is not True
+        or any(layout.has_layout(shape, other, target_order) is not True for other in compiled.alternatives)
+    ):
+        in_target = None
+        needs_copy = True
+        reason = f"{compiled.undecided}; copied, and inspect(exact=True) asks Inductor"
     elif in_target is False:
         needs_copy = True
         reason = (
             f"strides {list(layout.format_strides(strides))} are not the strides "
             f"{list(layout.format_strides(layout.strides_for_order(shape, target_order)))} of dim order {list(target_order)}"
         )
-    elif in_target is None:
-        needs_copy = True
-        reason = "symbolic strides: cannot prove them those of its target layout, so it is copied"
     else:
         needs_copy = False
         reason = "dense in its target layout" if not chain else "a view already dense in its target layout"
-    if base_role is not None and base_role.kind in _WEIGHT_KINDS and not needs_copy:
-        reason += " (AOTInductor returns a copy of a weight's view)"
+        if compiled.undecided is not None:
+            reason += ", whether Inductor returns it as a view or computes it afresh in its order"
+    if compiled.note is not None and not needs_copy:
+        reason += f" ({compiled.note})"
 
     record = OutputLayout(
         index=out.index,
@@ -296,5 +409,44 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
     return OutputFacts(out, node, tuple(chain), base, tuple(target_order), needs_copy, record)
 
 
-def report(facts: list[OutputFacts], dialect: Dialect) -> LayoutReport:
-    return LayoutReport(dialect=dialect.value, outputs=tuple(f.layout for f in facts))
+def report(facts: list[OutputFacts], dialect: Dialect, *, source: str = "analysis") -> LayoutReport:
+    return LayoutReport(dialect=dialect.value, outputs=tuple(f.layout for f in facts), source=source)
+
+
+def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFacts]:
+    """``facts`` with each tensor output's strides, and so its verdict and copy, as Inductor's lowering has them."""
+    if len(lowering.outputs) != len(facts):
+        raise RuntimeError(
+            f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(facts)} user outputs"
+        )
+    exact = []
+    for fact, lowered in zip(facts, lowering.outputs):
+        record = fact.layout
+        if record.kind != "tensor" or lowered is None or fact.target_order is None:
+            exact.append(fact)
+            continue
+        shape, order = lowered.shape, fact.target_order
+        strides = lowered.strides
+        in_target = layout.has_layout(shape, strides, order)
+        shown = list(layout.format_strides(strides))
+        if in_target is True:
+            reason = "dense in its target layout, by Inductor's lowering"
+        elif in_target is False:
+            target = list(layout.format_strides(layout.strides_for_order(shape, order)))
+            reason = f"Inductor's lowering returns strides {shown}, not the strides {target} of dim order {list(order)}"
+        else:
+            reason = f"Inductor's lowering returns symbolic strides {shown}: cannot prove them those of its target layout"
+        if lowered.copied_by_wrapper:
+            reason += " (its wrapper returns a copy of a weight's view)"
+        needs_copy = in_target is not True
+        record = replace(
+            record,
+            strides=layout.format_strides(strides),
+            contiguous=layout.is_contiguous(shape, strides),
+            dense=layout.is_non_overlapping_and_dense(shape, strides),
+            in_target_layout=in_target,
+            action=Action.COPY if needs_copy else Action.NONE,
+            reason=reason,
+        )
+        exact.append(replace(fact, needs_copy=needs_copy, layout=record))
+    return exact

@@ -10,8 +10,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
-from .analysis import OutputFacts, analyze_outputs, report
-from .dialect import Dialect, dialect_of
+from .analysis import OutputFacts, analyze_outputs, break_shared_memory, exact_facts, report
+from .dialect import Dialect, dialect_of, promised_dim_order
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
 from .passes.insert_output_copies import insert_output_copies
 from .passes.view_copies_to_views import (
@@ -21,8 +21,8 @@ from .passes.view_copies_to_views import (
     ConversionPolicy,
     ViewConversion,
     plan_view_conversion,
-    promised_dim_order,
 )
+from .lowering import Lowering, executorch_view_pass, lower_edge_outputs, lower_outputs
 from .program import copy_graph, rebuild, require_exported_program, user_outputs
 from .records import LayoutReport
 
@@ -48,22 +48,49 @@ def _facts(
         values=conversion.value,
         target_of=conversion.target_of,
         target_orders=target_orders,
+        relaid=conversion.relaid(),
         break_aliases=break_aliases,
     )
     return facts, conversion
 
 
-def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH_1_5) -> LayoutReport:
+def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH_1_5, exact: bool = False) -> LayoutReport:
     """What each user output of ``program`` will look like once compiled with AOTInductor.
 
     For an Edge program, "compiled" means after the AOTI backend has turned
     view copies into views as ``policy`` says (ExecuTorch 1.5.1's own by
     default); each output's target is the dim order the program promised.
+
+    By default the answer comes from the graph alone (milliseconds), and an
+    output whose layout Inductor decides for itself is reported undecided and
+    copied. With ``exact=True`` Inductor's own lowering is run and read
+    (``strideguard.lowering``; about a second for a small program, no code
+    is generated or compiled) and every output is decided by it.
     """
     program = require_exported_program(program, "inspect")
     dialect = dialect_of(program)
     facts, _ = _facts(program.graph, program.graph_signature, dialect, policy, break_aliases=False)
-    return report(facts, dialect)
+    if exact:
+        facts = exact_facts(facts, lower_as_compiled(program, policy=policy))
+    return report(facts, dialect, source="lowering" if exact else "analysis")
+
+
+def lower_as_compiled(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH_1_5) -> Lowering:
+    """Inductor's lowering of ``program`` as the AOTI path compiles it: an ATen program as it is; an Edge
+    program with its view copies converted under ``policy`` and then by the installed ExecuTorch's own
+    pass, which its AOTI backend always runs."""
+    if not dialect_of(program).is_edge:
+        return lower_outputs(program)
+    if policy is EXECUTORCH_1_5:
+        return lower_edge_outputs(program)
+    if policy is NO_CONVERSION:
+        return lower_edge_outputs(program, convert_views=lambda graph_module: None)
+
+    def convert_then_executorch(graph_module):
+        plan_view_conversion(graph_module.graph, policy).apply()
+        executorch_view_pass()(graph_module)
+
+    return lower_edge_outputs(program, convert_views=convert_then_executorch)
 
 
 def rewrite_graph(
@@ -76,13 +103,19 @@ def rewrite_graph(
     break_aliases: bool = False,
     copy_outputs: bool = True,
     update_values: bool = True,
+    lowering: Optional[Lowering] = None,
 ) -> int:
     """Rewrite ``graph`` in place: convert views (Edge, when ``convert``), copy outputs, retarget
     ``detach_copy``. Returns how many nodes were added or retargeted.
 
     ``update_values=False`` keeps converted nodes' old fake values (see ``ViewConversion.apply``).
+    With ``lowering`` (Inductor's lowering of the graph as converted), copies follow it rather than the analysis.
     """
-    facts, conversion = _facts(graph, signature, dialect, policy, break_aliases=break_aliases)
+    facts, conversion = _facts(graph, signature, dialect, policy, break_aliases=break_aliases and lowering is None)
+    if lowering is not None:
+        facts = exact_facts(facts, lowering)
+        if break_aliases:
+            facts = break_shared_memory(facts)
     changed = conversion.apply(update_values=update_values) if convert else 0
     if copy_outputs:
         changed += len(insert_output_copies(graph, facts, dialect, conversion.value))
@@ -117,22 +150,29 @@ def transformed(program: ExportedProgram, **options) -> tuple[ExportedProgram, i
         return rebuild(program, graph), changed
 
 
-def densify_outputs(program: ExportedProgram, *, break_aliases: bool = False) -> ExportedProgram:
+def densify_outputs(program: ExportedProgram, *, break_aliases: bool = False, exact: bool = False) -> ExportedProgram:
     """A new program whose every user output comes back dense in its target layout.
 
     Exactly one copy is inserted per user output that would otherwise come back
     strided (for an Edge program: once its AOTI backend turns view copies into
-    views, as ExecuTorch 1.5.1 does); nothing else is added. With
+    views, as ExecuTorch 1.5.1 does), and per output whose layout Inductor
+    decides for itself (a copy fused into it where it is computed afresh);
+    nothing else is added. With ``exact=True`` Inductor's lowering decides
+    every output, so only those that would come back strided are copied. With
     ``break_aliases``, an output sharing memory with an input, a weight or an
     earlier output gets its own copy too. ``program`` is not modified and its
     weights are shared, not copied.
     """
     program = require_exported_program(program, "densify_outputs")
-    return transformed(program, policy=EXECUTORCH_1_5, convert=False, break_aliases=break_aliases)[0]
+    dialect = dialect_of(program)
+    lowering = lower_as_compiled(program) if exact else None
+    return transformed(
+        program, policy=EXECUTORCH_1_5, convert=False, break_aliases=break_aliases, lowering=lowering
+    )[0]
 
 
 def prepare_for_aoti(
-    program: ExportedProgram, *, copy_outputs: bool = True, break_aliases: bool = False
+    program: ExportedProgram, *, copy_outputs: bool = True, break_aliases: bool = False, exact: bool = False
 ) -> ExportedProgram:
     """Make an ATen or Edge program ready for AOTInductor.
 
@@ -141,11 +181,19 @@ def prepare_for_aoti(
     ExecuTorch's), then inserts one copy into the promised dim order for each
     output that would now come back in another layout (skipped with
     ``copy_outputs=False``, for a runtime such as Metal's that copies every
-    output anyway), and leaves no ``detach_copy`` behind.
+    output anyway), and leaves no ``detach_copy`` behind. ``exact`` asks
+    Inductor's lowering which outputs need the copy, as in ``densify_outputs``.
     """
     program = require_exported_program(program, "prepare_for_aoti")
-    if not dialect_of(program).is_edge:
-        return densify_outputs(program, break_aliases=break_aliases)
+    dialect = dialect_of(program)
+    if not dialect.is_edge:
+        return densify_outputs(program, break_aliases=break_aliases, exact=exact)
+    lowering = lower_as_compiled(program, policy=STRIDEGUARD) if exact and copy_outputs else None
     return transformed(
-        program, policy=STRIDEGUARD, convert=True, break_aliases=break_aliases, copy_outputs=copy_outputs
+        program,
+        policy=STRIDEGUARD,
+        convert=True,
+        break_aliases=break_aliases,
+        copy_outputs=copy_outputs,
+        lowering=lowering,
     )[0]

@@ -29,9 +29,8 @@ from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
 from . import layout
-from .dialect import dialect_of
-from .passes.view_copies_to_views import promised_dim_order
-from .program import output_values, require_exported_program, user_outputs
+from .dialect import target_dim_orders
+from .program import require_exported_program
 
 log = logging.getLogger(__name__)
 
@@ -378,13 +377,8 @@ class GraphedMethod:
 def promised_dim_orders(program: ExportedProgram) -> tuple[DimOrder, ...]:
     """Each user output's promised layout: contiguous for an ATen program, the recorded dim order for an Edge one."""
     program = require_exported_program(program, "cuda_graphs.promised_dim_orders")
-    edge = dialect_of(program).is_edge
-    returned = output_values(program.graph)
-    orders = []
-    for out in user_outputs(program.graph_signature):
-        node = returned[out.position]
-        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"user output {out.index} is not a tensor; GraphedMethod supports tensor outputs only")
-        orders.append(promised_dim_order(node) if edge else layout.identity_order(value.dim()))
-    return tuple(orders)
+    orders = target_dim_orders(program)
+    for index, order in enumerate(orders):
+        if order is None:
+            raise TypeError(f"user output {index} is not a tensor; GraphedMethod supports tensor outputs only")
+    return orders

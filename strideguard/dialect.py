@@ -58,6 +58,37 @@ def dialect_of_graph(graph: torch.fx.Graph, *, skip_dim_order: Optional[bool] = 
     return Dialect.EDGE_DIM_ORDER
 
 
+def promised_dim_order(node: torch.fx.Node) -> tuple[int, ...]:
+    """The dim order an Edge program promises for ``node``: that of its metadata before any conversion.
+
+    ``to_edge`` records each output's dim order from these strides, and the
+    runtime builds the output's ETensor from it.
+    """
+    from . import layout
+
+    value = node.meta["val"]
+    order = layout.dim_order_of(value.shape, value.stride())
+    return order if order is not None else layout.identity_order(value.dim())
+
+
+def target_dim_orders(program: ExportedProgram) -> tuple[Optional[tuple[int, ...]], ...]:
+    """Each user output's target layout: contiguous in an ATen program, the promised dim order in an Edge
+    one; ``None`` for an output that is not a tensor."""
+    from .program import output_values, user_outputs
+
+    edge = dialect_of(program).is_edge
+    returned = output_values(program.graph)
+    orders = []
+    for out in user_outputs(program.graph_signature):
+        node = returned[out.position]
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor):
+            orders.append(None)
+        else:
+            orders.append(promised_dim_order(node) if edge else tuple(range(value.dim())))
+    return tuple(orders)
+
+
 def is_edge_op(target: Any) -> bool:
     return type(target).__name__ == "EdgeOpOverload"
 

@@ -36,7 +36,8 @@ from torch.fx.passes.infra.pass_base import PassResult
 from . import layout
 from .api import rewrite_graph, transformed, without_garbage_collection
 from .dialect import dialect_of, dialect_of_graph
-from .passes.view_copies_to_views import EXECUTORCH_1_5, STRIDEGUARD, plan_view_conversion, promised_dim_order
+from .dialect import promised_dim_order
+from .passes.view_copies_to_views import EXECUTORCH_1_5, STRIDEGUARD, plan_view_conversion
 from .program import require_exported_program, signature_following_graph
 
 COPY_OUTPUTS_BY_BACKEND = {"CudaBackend": True, "MetalBackend": False}

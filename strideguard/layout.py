@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 import torch
-from torch._prims_common import compute_elementwise_output_strides, make_contiguous_strides_for
+from torch._prims_common import make_contiguous_strides_for
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 Decision = Optional[bool]
@@ -78,6 +78,11 @@ def _dense_in_order(shape, strides, dim_order, *, exact: bool) -> Decision:
     return _all(verdicts)
 
 
+def same_sizes(first: Sequence[Size], second: Sequence[Size]) -> bool:
+    """Whether two size or stride tuples are provably equal, without adding a guard."""
+    return len(first) == len(second) and all(_known(a == b) for a, b in zip(first, second))
+
+
 def is_contiguous(shape: Sequence[Size], strides: Sequence[Size]) -> Decision:
     return is_dense_in_order(shape, strides, identity_order(len(shape)))
 
@@ -141,15 +146,20 @@ def strides_for_order(shape: Sequence[Size], dim_order: Sequence[int]) -> tuple[
 
 
 def preserve_format_strides(value: torch.Tensor) -> tuple[Size, ...]:
-    """Strides of ``clone(memory_format=torch.preserve_format)`` of ``value``.
+    """Strides of ``clone()`` (``preserve_format``) of ``value``, as torch's own clone gives them.
 
-    AOTInductor returns a copy of a view of a constant made this way: dense
-    views keep their strides, others get a dense layout in the same dimension
-    order.
+    AOTInductor's wrapper returns a view of a constant as ``aoti_torch_clone``
+    of it: ``at::clone``, which keeps a dense view's strides and lays out
+    another in an order it infers.
     """
-    if is_non_overlapping_and_dense(value.shape, value.stride()) is True:
-        return tuple(value.stride())
-    return tuple(compute_elementwise_output_strides(value))
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode([value])
+    if fake_mode is None:
+        value = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        return tuple(value.clone().stride())
+    with fake_mode:
+        return tuple(value.clone().stride())
 
 
 def format_strides(strides: Sequence[Size]) -> tuple:

@@ -86,6 +86,8 @@ class LayoutReport:
 
     dialect: str
     outputs: tuple[OutputLayout, ...]
+    source: str = "analysis"
+    """``analysis`` (the graph alone) or ``lowering`` (Inductor's own lowering, ``inspect(exact=True)``)."""
 
     @property
     def ok(self) -> bool:
@@ -96,7 +98,12 @@ class LayoutReport:
         return tuple(o for o in self.outputs if o.action is Action.COPY)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "dialect": self.dialect, "outputs": [o.to_dict() for o in self.outputs]}
+        return {
+            "ok": self.ok,
+            "dialect": self.dialect,
+            "source": self.source,
+            "outputs": [o.to_dict() for o in self.outputs],
+        }
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -119,32 +126,53 @@ class LayoutReport:
 
 @dataclass(frozen=True)
 class OutputCheck:
-    """One output of a compiled and run method, measured."""
+    """One output of a compiled and run method, measured.
+
+    ``in_target_layout`` is the one judgement strideguard uses everywhere
+    (``layout.has_layout``): exactly the strides of ``target_dim_order``,
+    size-one dimensions included. ``predicted_strides`` (what ``inspect``
+    predicted; ``None`` where it left the layout to Inductor) and
+    ``lowered_strides`` (what Inductor's lowering gave) are for the run's sizes.
+    """
 
     index: int
     name: Optional[str]
     kind: str
-    shape: Optional[tuple]
-    dtype: Optional[str]
-    strides: Optional[tuple]
-    storage_offset: Optional[int]
-    contiguous: Optional[bool]
-    dense: Optional[bool]
-    in_target_layout: Optional[bool]
-    aliases: tuple[str, ...]
-    max_abs_error: Optional[float]
     match: bool
+    shape: Optional[tuple] = None
+    dtype: Optional[str] = None
+    strides: Optional[tuple] = None
+    storage_offset: Optional[int] = None
+    contiguous: Optional[bool] = None
+    dense: Optional[bool] = None
+    target_dim_order: Optional[tuple] = None
+    in_target_layout: Optional[bool] = None
+    aliases: tuple[str, ...] = ()
+    max_abs_error: Optional[float] = None
+    predicted_strides: Optional[tuple] = None
+    lowered_strides: Optional[tuple] = None
 
     @property
     def ok(self) -> bool:
         return self.match and (self.kind != "tensor" or bool(self.in_target_layout))
 
+    @property
+    def as_predicted(self) -> Optional[bool]:
+        """Whether the strides returned are those ``inspect`` predicted and Inductor's lowering gave
+        (``None`` when there was neither; an empty tensor has no layout to predict)."""
+        if self.kind != "tensor" or (self.predicted_strides is None and self.lowered_strides is None):
+            return None
+        if self.shape is not None and 0 in self.shape:
+            return True
+        return all(s is None or tuple(s) == tuple(self.strides) for s in (self.predicted_strides, self.lowered_strides))
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("shape", "strides"):
+        for key in ("shape", "strides", "target_dim_order", "predicted_strides", "lowered_strides"):
             data[key] = list(data[key]) if data[key] is not None else None
         data["aliases"] = list(self.aliases)
         data["ok"] = self.ok
+        data["as_predicted"] = self.as_predicted
         return data
 
 
@@ -161,11 +189,21 @@ class VerifyReport:
     def ok(self) -> bool:
         return all(o.ok for o in self.outputs) and all(o.ok for _, checks in self.runs for o in checks)
 
+    @property
+    def all_checks(self) -> tuple[OutputCheck, ...]:
+        return self.outputs + tuple(o for _, checks in self.runs for o in checks)
+
+    @property
+    def mispredicted(self) -> tuple[OutputCheck, ...]:
+        """Outputs whose returned strides differ from strideguard's prediction or Inductor's lowering."""
+        return tuple(o for o in self.all_checks if o.as_predicted is False)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "device": self.device,
             "compile_seconds": round(self.compile_seconds, 3),
+            "mispredicted": [o.index for o in self.mispredicted],
             "outputs": [o.to_dict() for o in self.outputs],
         }
 
@@ -179,9 +217,12 @@ class VerifyReport:
                 lines.append(f"  [{o.index}] {o.name or o.kind}: {o.kind}, match={o.match}")
                 continue
             alias = f", aliases {', '.join(o.aliases)}" if o.aliases else ""
+            predicted = "" if o.as_predicted is not False else (
+                f", PREDICTED {list(o.predicted_strides or ())} LOWERED {list(o.lowered_strides or ())}"
+            )
             lines.append(
                 f"  [{o.index}] {o.name}: strides {list(o.strides)} "
                 f"{'dense' if o.in_target_layout else 'STRIDED'}{alias}, max|err| {o.max_abs_error:g}, "
-                f"{'match' if o.match else 'MISMATCH'}"
+                f"{'match' if o.match else 'MISMATCH'}{predicted}"
             )
         return "\n".join(lines)

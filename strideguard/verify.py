@@ -10,31 +10,44 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+import sympy
 import torch
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
 from . import layout
-from .dialect import dialect_of
+from .api import inspect
+from .dialect import dialect_of, target_dim_orders
+from .lowering import lower_outputs
 from .program import require_exported_program, user_outputs
 from .records import OutputCheck, VerifyReport
 
 
-def compile_program(program: ExportedProgram, directory: str, *, device: str = "cpu") -> Any:
-    """Compile ``program`` with AOTInductor for ``device`` into ``directory`` and load it; returns a callable.
+DEVICES = ("cpu", "cuda")
+
+
+def aoti_program(program: ExportedProgram, device: str = "cpu") -> ExportedProgram:
+    """The ATen program AOTInductor compiles for ``program`` on ``device``.
 
     An Edge program, or one bound for another device than the CPU, is exported
     again from its module (on that device, with its stored example inputs):
     AOTInductor compiles ATen programs, for the device their tensors are on.
     Its dynamic dimensions are then specialized to the example inputs.
     """
-    if dialect_of(program).is_edge or device != "cpu":
-        if program.example_inputs is None:
-            raise ValueError("strideguard: recompiling this program needs its stored example inputs")
-        args, kwargs = _to_device(program.example_inputs, device)
-        program = torch.export.export(program.module().to(device), args, kwargs)
+    if not dialect_of(program).is_edge and device == "cpu":
+        return program
+    if program.example_inputs is None:
+        raise ValueError("strideguard: recompiling this program needs its stored example inputs")
+    args, kwargs = _to_device(program.example_inputs, device)
+    return torch.export.export(program.module().to(device), args, kwargs)
+
+
+def compile_program(program: ExportedProgram, directory: str, *, device: str = "cpu") -> Any:
+    """Compile ``program`` with AOTInductor for ``device`` into ``directory`` and load it; returns a callable."""
+    program = aoti_program(program, device)
     os.makedirs(directory, exist_ok=True)
     package = torch._inductor.aoti_compile_and_package(program, package_path=os.path.join(directory, "program.pt2"))
     return torch._inductor.aoti_load_package(package)
@@ -50,6 +63,30 @@ def _to_device(tree: Any, device: str) -> Any:
     return pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), tree)
 
 
+@dataclass(frozen=True)
+class Expectations:
+    """What each user output should come back as: its target layout, and the strides strideguard
+    predicted (``inspect``) and Inductor's lowering gave, each ``None`` where there is none."""
+
+    target_orders: tuple
+    predicted: tuple
+    lowered: tuple
+
+
+def expectations(program: ExportedProgram, compiled_program: ExportedProgram) -> Expectations:
+    """Targets from ``program`` (an Edge program's promised dim orders); predictions and lowering of the
+    ATen program AOTInductor compiles for it."""
+    predicted = inspect(compiled_program)
+    lowering = lower_outputs(compiled_program)
+    return Expectations(
+        target_orders=target_dim_orders(program),
+        predicted=tuple(
+            o.strides if o.kind == "tensor" and o.in_target_layout is not None else None for o in predicted.outputs
+        ),
+        lowered=tuple(out.strides if out is not None else None for out in lowering.outputs),
+    )
+
+
 def verify(
     program: ExportedProgram,
     example_inputs: Optional[Any] = None,
@@ -63,15 +100,29 @@ def verify(
     by default the program's stored example inputs. ``more_inputs`` are further
     input sets run on the same compiled artifact (a dynamic batch dimension at
     other sizes). Each output is checked against the program run eagerly and
-    against its target layout (contiguous).
+    against its target layout (``layout.has_layout``: exact strides, as
+    ExecuTorch's runtime compares them), and its strides are compared with
+    what ``inspect`` predicted and Inductor's lowering gave.
     """
     program = require_exported_program(program, "verify")
+    if not isinstance(device, str) or device not in DEVICES:
+        raise ValueError(f"strideguard.verify: device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if not isinstance(more_inputs, (list, tuple)):
+        raise TypeError(f"strideguard.verify: more_inputs must be a list or tuple of input sets, got {type(more_inputs).__name__}")
     with tempfile.TemporaryDirectory(prefix="strideguard-") as directory:
+        compiled_program = aoti_program(program, device)
+        expected = expectations(program, compiled_program)
         started = time.perf_counter()
-        compiled = compile_program(program, directory, device=device)
+        compiled = compile_program(compiled_program, directory, device=device)
         compile_seconds = time.perf_counter() - started
         return check_compiled(
-            program, compiled, example_inputs, more_inputs=more_inputs, device=device, compile_seconds=compile_seconds
+            program,
+            compiled,
+            example_inputs,
+            more_inputs=more_inputs,
+            device=device,
+            compile_seconds=compile_seconds,
+            expected=expected,
         )
 
 
@@ -83,28 +134,67 @@ def check_compiled(
     more_inputs: Sequence[Any] = (),
     device: str = "cpu",
     compile_seconds: float = 0.0,
+    expected: Optional[Expectations] = None,
 ) -> VerifyReport:
     """Run an already compiled ``program`` on each input set and check its outputs."""
     if example_inputs is None:
         if program.example_inputs is None:
             raise ValueError("strideguard.verify: the program stores no example inputs; pass example_inputs")
         example_inputs = program.example_inputs
+    if expected is None:
+        expected = Expectations(target_dim_orders(program), (), ())
     input_sets = [_split_inputs(example_inputs)] + [_split_inputs(i) for i in more_inputs]
     eager = program.module()
     runs = []
     with torch.no_grad():
         for number, (args, kwargs) in enumerate(input_sets):
-            expected = eager(*args, **kwargs)
+            expected_values = eager(*args, **kwargs)
+            sizes = _symbol_values(program, args, kwargs)
             args, kwargs = _to_device((args, kwargs), device)
             got = compiled(*args, **kwargs)
-            runs.append((f"inputs {number}", _check_outputs(program, got, expected, (args, kwargs))))
+            checks = _check_outputs(program, got, expected_values, (args, kwargs), expected, sizes)
+            runs.append((f"inputs {number}", checks))
     return VerifyReport(device=device, compile_seconds=compile_seconds, outputs=runs[0][1], runs=tuple(runs[1:]))
 
 
-def _check_outputs(program: ExportedProgram, got: Any, expected: Any, inputs: Any) -> tuple[OutputCheck, ...]:
+def _symbol_values(program: ExportedProgram, args: tuple, kwargs: dict) -> dict:
+    """The value each size symbol of ``program`` takes for these inputs (read off the user inputs' shapes)."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    names = program.graph_signature.user_inputs
+    placeholders = {n.name: n for n in program.graph.find_nodes(op="placeholder")}
+    values = {}
+    for name, leaf in zip(names, leaves):
+        fake = placeholders[name].meta.get("val") if name in placeholders else None
+        if not (isinstance(fake, torch.Tensor) and isinstance(leaf, torch.Tensor)) or fake.dim() != leaf.dim():
+            continue
+        for size, actual in zip(fake.shape, leaf.shape):
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                values[size.node.expr] = int(actual)
+    return values
+
+
+def _concrete(strides: Optional[tuple], sizes: dict) -> Optional[tuple]:
+    """Strides with every symbol replaced by its value here; ``None`` when some symbol has none."""
+    if strides is None:
+        return None
+    out = []
+    for stride in strides:
+        if isinstance(stride, torch.SymInt):
+            stride = stride.node.expr
+        if isinstance(stride, str):
+            stride = sympy.sympify(stride, locals={str(k): k for k in sizes})
+        if isinstance(stride, sympy.Expr):
+            stride = stride.subs(sizes)
+            if not stride.is_number:
+                return None
+        out.append(int(stride))
+    return tuple(out)
+
+
+def _check_outputs(program, got, expected_values, inputs, expected: Expectations, sizes: dict) -> tuple[OutputCheck, ...]:
     specs = user_outputs(program.graph_signature)
     got_leaves = pytree.tree_leaves(got, is_leaf=lambda x: x is None)
-    expected_leaves = pytree.tree_leaves(expected, is_leaf=lambda x: x is None)
+    expected_leaves = pytree.tree_leaves(expected_values, is_leaf=lambda x: x is None)
     if not len(got_leaves) == len(expected_leaves) == len(specs):
         raise RuntimeError(
             f"the compiled method returned {len(got_leaves)} values and the eager one {len(expected_leaves)}, "
@@ -123,20 +213,29 @@ def _check_outputs(program: ExportedProgram, got: Any, expected: Any, inputs: An
     for out, value in zip(specs, got_leaves):
         if isinstance(value, torch.Tensor) and value.numel():
             output_storages.setdefault(value.untyped_storage().data_ptr(), []).append(out.index)
+
+    def at(values: tuple, index: int) -> Optional[tuple]:
+        return _concrete(values[index], sizes) if index < len(values) else None
+
     return tuple(
-        _check_one(out, value, reference, input_storages, output_storages)
+        _check_one(
+            out, value, reference, input_storages, output_storages,
+            target_order=expected.target_orders[out.index] if out.index < len(expected.target_orders) else None,
+            predicted=at(expected.predicted, out.index),
+            lowered=at(expected.lowered, out.index),
+        )
         for out, value, reference in zip(specs, got_leaves, expected_leaves)
     )
 
 
-def _check_one(out, value, reference, input_storages, output_storages) -> OutputCheck:
+def _check_one(out, value, reference, input_storages, output_storages, *, target_order, predicted, lowered) -> OutputCheck:
     name = getattr(out.spec.arg, "name", None)
     if not isinstance(reference, torch.Tensor):
         # AOTInductor hands back an int or float output as a 0-dim tensor.
         kind = "none" if reference is None else type(reference).__name__
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
-        return OutputCheck(out.index, name, kind, None, None, None, None, None, None, None, (), None, value == reference)
+        return OutputCheck(index=out.index, name=name, kind=kind, match=value == reference)
     shape, strides = tuple(value.shape), tuple(value.stride())
     aliases = []
     if value.numel():
@@ -155,6 +254,7 @@ def _check_one(out, value, reference, input_storages, output_storages) -> Output
             match = torch.allclose(value, reference, rtol=1e-4, atol=1e-5, equal_nan=True)
         else:
             match = torch.equal(value, reference)
+    order = target_order if target_order is not None else layout.identity_order(value.dim())
     return OutputCheck(
         index=out.index,
         name=name,
@@ -165,8 +265,11 @@ def _check_one(out, value, reference, input_storages, output_storages) -> Output
         storage_offset=value.storage_offset(),
         contiguous=value.is_contiguous(),
         dense=layout.is_non_overlapping_and_dense(shape, strides),
-        in_target_layout=value.is_contiguous(),
+        target_dim_order=tuple(order),
+        in_target_layout=layout.has_layout(shape, strides, order) is True,
         aliases=tuple(aliases),
         max_abs_error=error,
         match=bool(match),
+        predicted_strides=predicted,
+        lowered_strides=lowered,
     )

@@ -2,18 +2,18 @@
 
 Each generated program (``tests/generated.py``) is exported, lowered to Edge in
 both dim-order modes, and passed through ``densify_outputs`` (ATen) and
-``prepare_for_aoti`` (Edge); the results are validated, run eagerly and
-compared with the originals, their layouts predicted on fake tensors as
-Inductor traces them (``generated.check_program``). A seeded sample of the
-programs that pass is then compiled with AOTInductor, ten as one method, to
-check that prediction against the compiler.
+``prepare_for_aoti`` (Edge); the results are validated and run eagerly against
+the originals (``generated.check_program``). The programs that pass are then
+judged, many as one method, by Inductor's own lowering
+(``generated.check_batch``): every layout ``inspect`` predicts, every
+copy it plans, and every output after each fix. A seeded sample is compiled
+with AOTInductor to check the lowering oracle against the compiler itself.
 
 ``make test`` runs a fixed, derandomized set of examples, unshrunk. ``make fuzz``
 (``--fuzz-minutes``) generates for the given time, in batches, with hypothesis's
-database under ``.hypothesis/``; each failure it finds is shrunk and written to
-``tests/regressions/`` for ``test_generated_regressions.py`` to replay.
-Shrinking is not bounded by the time given: each failure adds up to about
-five minutes (hypothesis's own limit), as every example costs about a second.
+database under ``.hypothesis/``; each eager failure is shrunk, and each
+failure of any oracle is written to ``tests/regressions/`` for
+``test_generated_regressions.py`` to replay.
 """
 
 from __future__ import annotations
@@ -32,11 +32,16 @@ from hypothesis.errors import HypothesisException
 from . import generated
 from .generated import ProgramSpec
 
-CI_EXAMPLES = 80
-"""Sized so that this file, compiles included, stays under three minutes on two cores."""
+CI_EXAMPLES = 130
+"""Sized so that this file, compiles included, stays under about four minutes on two cores; at least
+100 of them pass the exporters and go through the lowering oracle."""
 
-FUZZ_BATCH = 25
-"""Examples per hypothesis run in fuzz mode; the time is checked between runs."""
+FUZZ_BATCH = 40
+"""Examples per hypothesis run in fuzz mode, judged by the lowering oracle together; the time is
+checked between runs."""
+
+LOWERED_BATCH = 40
+"""Programs lowered as one method."""
 
 COMPILED_SAMPLE = 10
 CI_SAMPLE_SEED = 0
@@ -118,19 +123,37 @@ def fuzz_settings(first_batch: bool) -> settings:
     )
 
 
+def lowered_problems(specs: list[ProgramSpec]) -> list[tuple[ProgramSpec, str]]:
+    """Judge ``specs`` by the lowering oracle, ``LOWERED_BATCH`` at a time; each problem with its program."""
+    found = []
+    for start in range(0, len(specs), LOWERED_BATCH):
+        batch = specs[start:start + LOWERED_BATCH]
+        result = generated.check_batch(batch)
+        COUNTS["lowered"] += len(batch) - len(result.refused)
+        COUNTS["unlowerable"] += len(result.refused)
+        found += [(batch[part], text) for part, text in result.problems]
+    return found
+
+
 def fuzz(minutes: float) -> tuple[int, list[Path]]:
-    """Run hypothesis batches until ``minutes`` are spent; returns the batches run and the kept failures."""
+    """Run hypothesis batches until ``minutes`` are spent, each judged eagerly and then by the lowering
+    oracle; returns the batches run and the kept failures."""
     deadline = time.monotonic() + minutes * 60
     kept: list[Path] = []
     batches, longest = 0, 0.0
     while time.monotonic() + longest < deadline:
         started = time.monotonic()
         failures: dict = {}
+        before = set(PASSED)
         try:
             property_test(fuzz_settings(first_batch=batches == 0), failures)()
         except Exception:  # noqa: BLE001 - every failure is recorded in ``failures`` and kept below
             pass
         kept += [generated.save_regression(spec, text) for spec, text in failures.values()]
+        fresh = [PASSED[key] for key in sorted(set(PASSED) - before)]
+        for spec, text in lowered_problems(fresh):
+            COUNTS["failed"] += 1
+            kept.append(generated.save_regression(spec, text, oracle="batch"))
         batches += 1
         longest = max(longest, time.monotonic() - started)
     return batches, sorted(set(kept))
@@ -141,34 +164,53 @@ def test_generated_programs_keep_the_contract(request, fuzz_minutes):
         property_test(ci_settings(), {})()
         assert COUNTS["rejected"] < COUNTS["passed"], "most generated programs were rejected"
         return
+    started = time.monotonic()
     batches, kept = fuzz(fuzz_minutes)
     checked = COUNTS["passed"] + COUNTS["failed"]
-    say(request, f"\nfuzz: {checked} programs checked in {batches} batches ({COUNTS['failed']} runs failed, "
+    minutes = (time.monotonic() - started) / 60
+    say(request, f"\nfuzz: {checked} programs checked in {batches} batches in {minutes:.1f} min "
+                 f"({checked / minutes:.0f} a minute; {COUNTS['lowered']} judged by the lowering oracle, "
+                 f"{COUNTS['unlowerable']} that Inductor cannot lower untouched; {COUNTS['failed']} runs failed, "
                  f"shrinking included), {COUNTS['rejected']} rejected by the exporters")
     assert not kept, "failures kept as regression tests:\n" + "\n".join(str(p) for p in kept)
 
 
-@pytest.mark.aoti
-def test_a_sample_compiled_with_aotinductor_agrees_with_the_oracle(request, fuzz_minutes, tmp_path):
+def _ci_programs() -> list[ProgramSpec]:
     if not PASSED:
         # Run alone: generate the CI set first; a failing program there is not sampled.
         try:
             property_test(ci_settings(), {})()
         except Exception:  # noqa: BLE001 - test_generated_programs_keep_the_contract reports it
             pass
+    return [PASSED[key] for key in sorted(PASSED)]
+
+
+def test_inductor_lowering_agrees_with_every_prediction_and_fix(request, fuzz_minutes):
+    if fuzz_minutes:
+        pytest.skip("make fuzz judges each batch by the lowering oracle as it goes")
+    specs = _ci_programs()
+    assert len(specs) >= 100, f"only {len(specs)} generated programs passed the eager checks"
+    problems = lowered_problems(specs)
+    say(request, f"\nlowering oracle: {COUNTS['lowered']} programs judged, {COUNTS['unlowerable']} that Inductor "
+                 "cannot lower untouched")
+    assert not problems, "\n".join(f"{text}\n  program: {spec.dumps()}" for spec, text in problems)
+
+
+@pytest.mark.aoti
+def test_a_sample_compiled_with_aotinductor_agrees_with_the_lowering(request, fuzz_minutes, tmp_path):
     seed = random.randrange(2**32) if fuzz_minutes else CI_SAMPLE_SEED
-    candidates = [PASSED[key] for key in sorted(PASSED)]
+    candidates = _ci_programs()
     sample = random.Random(seed).sample(candidates, min(COMPILED_SAMPLE, len(candidates)))
     assert sample, "no generated program passed the eager checks"
     result = generated.check_compiled_sample(sample, str(tmp_path))
-    if result.uncompilable:
-        say(request, f"\nAOTInductor cannot compile {len(result.uncompilable)} sampled programs even untouched: "
-                     f"{sorted(set(result.uncompilable.values()))}")
+    if result.refused:
+        say(request, f"\nAOTInductor cannot compile {len(result.refused)} sampled programs even untouched: "
+                     f"{sorted(set(result.refused.values()))}")
     kept = []
     if fuzz_minutes:
         for part in sorted({part for part, _ in result.problems}):
             text = "\n".join(t for p, t in result.problems if p == part)
-            kept.append(generated.save_regression(sample[part], text, compiled=True))
+            kept.append(generated.save_regression(sample[part], text, oracle="compiled"))
     assert not result.problems, f"sample seed {seed}:\n" + "\n".join(t for _, t in result.problems) + (
         "\nkept as regression tests:\n" + "\n".join(map(str, kept)) if kept else ""
     )

@@ -18,7 +18,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..analysis import OutputFacts
 from ..dialect import Dialect, aten_op, copy_call
-from .view_copies_to_views import call_on_fake_values
+from ..fake_values import call_on_fake_values
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
 

@@ -23,13 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
-from torch._guards import detect_fake_mode
-from torch.utils import _pytree as pytree
 from torch.fx import Node
 
 from .. import layout
-from ..analysis import storage_key
-from ..dialect import aten_op, is_higher_order, is_view_op, view_twin
+from ..fake_values import call_on_fake_values, storage_key
+from ..dialect import aten_op, is_higher_order, is_view_op, promised_dim_order, view_twin
 
 EXECUTORCH_VIEW_COPIES = frozenset({"aten::slice_copy.Tensor", "aten::select_copy.int", "aten::split_copy.Tensor"})
 """What ExecuTorch 1.5.1's AOTI ``ReplaceViewCopyWithViewPass`` converts."""
@@ -102,6 +100,32 @@ class ViewConversion:
             return original
         return call_on_fake_values(aten_op(target), node, self.value)
 
+    def relaid(self) -> set[Node]:
+        """Compute nodes whose traced layout the conversion may change.
+
+        A converted view hands its users other strides than the copy it was,
+        and an op's result follows its inputs' strides (an ``add`` of a
+        transposed view is transposed too), so Inductor's trace of the
+        converted graph may lay out such a node, and everything computed from
+        it, otherwise than its metadata says. Found in one pass over the
+        graph, without running any op.
+        """
+        changed: set[Node] = set()
+        relaid: set[Node] = set()
+        for node in self.graph.nodes:
+            if node.op != "call_function":
+                continue
+            if node in self.targets and _relaid(self.value(node), node):
+                changed.add(node)
+            feeds = [n for n in node.all_input_nodes if n in changed or n in relaid]
+            if not feeds:
+                continue
+            if node.target is operator.getitem or is_view_op(self.target_of(node)):
+                changed.add(node)
+            else:
+                relaid.add(node)
+        return relaid
+
     def forget(self, nodes) -> None:
         """Drop memoized values of ``nodes``, whose conversion was just decided otherwise."""
         for node in nodes:
@@ -123,14 +147,18 @@ class ViewConversion:
         return len(self.targets)
 
 
-def call_on_fake_values(op: Any, node: Node, value: Callable[[Node], Any]) -> Any:
-    """Run ``op`` on the fake values of ``node``'s arguments: the value ``node`` would have."""
-    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), value)
-    fake_mode = detect_fake_mode([a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)])
-    if fake_mode is None:
-        return op(*args, **kwargs)
-    with fake_mode:
-        return op(*args, **kwargs)
+def _relaid(value: Any, node: Node) -> bool:
+    """Whether a replayed value has another shape or other strides than ``node``'s metadata says."""
+    original = node.meta.get("val")
+    if value is original:
+        return False
+    pairs = list(zip(value, original)) if isinstance(value, (list, tuple)) and isinstance(original, (list, tuple)) else [(value, original)]
+    return any(
+        isinstance(new, torch.Tensor)
+        and isinstance(old, torch.Tensor)
+        and not (layout.same_sizes(new.shape, old.shape) and layout.same_sizes(new.stride(), old.stride()))
+        for new, old in pairs
+    )
 
 
 def plan_view_conversion(
@@ -218,13 +246,6 @@ def _conversion_pays(node: Node, pieces: list[Node], conversion: ViewConversion,
         return True
     internal_users = [u for u in node.users if u.op != "output" and u not in pieces]
     return any(u.target is operator.getitem and u.users for u in internal_users)
-
-
-def promised_dim_order(node: Node) -> tuple[int, ...]:
-    """The dim order an Edge program promises for ``node``: that of its metadata before conversion."""
-    value = node.meta["val"]
-    order = layout.dim_order_of(value.shape, value.stride())
-    return order if order is not None else layout.identity_order(value.dim())
 
 
 def _returned_nodes(graph: torch.fx.Graph) -> list[Node]:

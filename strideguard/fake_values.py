@@ -1,0 +1,33 @@
+"""Running ops on the fake tensors of a graph, and telling their memories apart."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch._guards import detect_fake_mode
+from torch.fx import Node
+from torch.utils import _pytree as pytree
+
+
+def call_on_fake_values(op: Any, node: Node, value: Callable[[Node], Any]) -> Any:
+    """Run ``op`` on the fake values of ``node``'s arguments: the value ``node`` would have."""
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), value)
+    fake_mode = detect_fake_mode([a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)])
+    if fake_mode is None:
+        return op(*args, **kwargs)
+    with fake_mode:
+        return op(*args, **kwargs)
+
+
+def storage_key(value: Any) -> Optional[int]:
+    """Identity of the memory behind a fake or real tensor (of the first, for a list of views).
+
+    The address of its ``StorageImpl``, as ``StorageWeakRef`` uses; the program
+    holds every one of these tensors alive while the analysis runs.
+    """
+    if isinstance(value, (list, tuple)):
+        value = next((v for v in value if isinstance(v, torch.Tensor)), None)
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage()._cdata
+    return None

@@ -1,0 +1,143 @@
+"""What AOTInductor does to an output's layout that the exported graph does not show.
+
+Inductor traces the program again with its own decompositions, lowers it, and
+its wrapper copies outputs that are views of constants. Three of those
+decisions are cheap to ask of Inductor's own code, and the fast analysis
+does, rather than modelling them:
+
+* the value a node has after Inductor's decompositions (``decomposed``): a
+  ``cat`` of one non-empty input becomes a ``clone`` of it in its own
+  layout, an ``mm`` with a size-one dimension becomes a pointwise product,
+  ``linear`` becomes ``mm`` and views;
+* whether the op that finally produces it is an extern kernel, whose output
+  Inductor allocates in the traced layout before any view of it is taken
+  (``lowers_to_kernel_output``), or compute that Inductor may fuse into the
+  output and lay out afresh;
+* how a weight is lowered (``weight_lowering``): a 0-dim weight becomes a
+  scalar, a small 1-D weight is inlined as computed values
+  (``GraphLowering.can_inline_constant``), any other stays a constant buffer
+  that the wrapper returns as ``aoti_torch_clone`` of a view.
+
+Everything else the analysis cannot be sure of is left undecided and
+copied; ``strideguard.lowering`` answers it exactly.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from enum import Enum
+from functools import lru_cache
+from typing import Any, Optional
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+aten = torch.ops.aten
+
+_KERNEL_OUTPUT_OPS = frozenset(
+    {
+        aten.mm.default,
+        aten.addmm.default,
+        aten.bmm.default,
+        aten.baddbmm.default,
+        aten._int_mm.default,
+        aten.convolution.default,
+    }
+)
+"""Ops Inductor lowers to an extern kernel or GEMM template writing a fixed, traced layout."""
+
+
+class WeightLowering(str, Enum):
+    SCALAR = "scalar"
+    """A 0-dim weight: Inductor folds it into the code as a number."""
+    INLINED = "inlined"
+    """A small 1-D weight: Inductor computes its values inline rather than reading a buffer."""
+    CONSTANT = "constant"
+    """A constant buffer; the wrapper returns a clone of any output that is a view of it."""
+
+
+def weight_lowering(value: torch.Tensor) -> WeightLowering:
+    from torch._inductor.graph import GraphLowering
+
+    if value.dim() == 0:
+        return WeightLowering.SCALAR
+    if GraphLowering.can_inline_constant(value):
+        return WeightLowering.INLINED
+    return WeightLowering.CONSTANT
+
+
+@lru_cache(maxsize=1)
+def _decomposition_table() -> dict:
+    from torch._inductor.decomposition import select_decomp_table
+
+    return select_decomp_table()
+
+
+@dataclass(frozen=True)
+class Decomposed:
+    """A node's value after Inductor's decompositions, and the op that finally produces it."""
+
+    value: Any
+    producer: Any
+    """The op writing the memory the value lives in (views stripped); ``None`` for an input."""
+
+
+def decomposes(op: torch._ops.OpOverload) -> bool:
+    """Whether Inductor's trace replaces ``op`` by others: its own table, or a composite op's definition."""
+    return op in _decomposition_table() or op._can_decompose()
+
+
+def decomposed(op: Any, args: tuple, kwargs: dict) -> Optional[Decomposed]:
+    """Run ``op`` on fake ``args`` through Inductor's decomposition table; ``None`` if it cannot be traced.
+
+    The trace follows Inductor's own table recursively, so the result has
+    the strides Inductor's graph gives the node.
+    """
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    positions = [i for i, item in enumerate(flat) if isinstance(item, torch.Tensor)]
+
+    def call(*tensors):
+        items = list(flat)
+        for position, tensor in zip(positions, tensors):
+            items[position] = tensor
+        call_args, call_kwargs = pytree.tree_unflatten(items, spec)
+        return op(*call_args, **call_kwargs)
+
+    try:
+        traced = make_fx(call, decomposition_table=_decomposition_table(), tracing_mode="real")(
+            *[flat[i] for i in positions]
+        )
+    except Exception:  # noqa: BLE001 - an op make_fx cannot trace is simply not decided here
+        return None
+    returned = pytree.tree_leaves(traced.graph.output_node().args)
+    if not returned or not isinstance(returned[0], torch.fx.Node):
+        return None
+    node = returned[0]
+    return Decomposed(node.meta.get("val"), _producer(node))
+
+
+def _producer(node: torch.fx.Node) -> Any:
+    while node.op == "call_function":
+        target = node.target
+        if target is operator.getitem or (isinstance(target, torch._ops.OpOverload) and target.is_view):
+            node = node.args[0]
+            continue
+        return target
+    return None
+
+
+def lowers_to_kernel_output(op: Any) -> bool:
+    """Whether Inductor writes ``op``'s result into a buffer laid out as traced, never fused away.
+
+    True for GEMM and convolution kernels and for ops Inductor runs as a
+    fallback (an ATen kernel called from the compiled code).
+    """
+    from torch._inductor import lowering
+
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    if op in _KERNEL_OUTPUT_OPS or op in lowering.fallbacks:
+        return True
+    return op not in lowering.lowerings and op not in _decomposition_table()
