@@ -5,12 +5,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.strideguard-installed
 
-.PHONY: demo test bench fuzz clean
+.PHONY: demo test bench zoo fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[executorch,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[executorch,dev,zoo]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -21,6 +21,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/lowering_cost.py
+
+zoo: $(STAMP)
+	$(PY) bench/zoo.py
 
 FUZZ_MINUTES ?= 20
 fuzz: $(STAMP)

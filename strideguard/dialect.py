@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import Enum
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.export import ExportedProgram
@@ -87,6 +87,31 @@ def target_dim_orders(program: ExportedProgram) -> tuple[Optional[tuple[int, ...
         else:
             orders.append(promised_dim_order(node) if edge else tuple(range(value.dim())))
     return tuple(orders)
+
+
+def verifier_accepts(program: ExportedProgram) -> Callable[[Any], bool]:
+    """Whether ``program``'s own verifiers admit an op as a node target.
+
+    An Edge program built for an AOTI backend preserves the ops its
+    partitioner asked for, and its verifier then refuses a view of any of
+    them ("Cannot preserve operator aten.unbind.int because it is a view"):
+    a view copy may become a view only where the verifier takes it.
+    """
+    verifiers = [verifier() for verifier in program.verifiers]
+
+    @lru_cache(maxsize=None)
+    def accepts(target: Any) -> bool:
+        for verifier in verifiers:
+            check = getattr(verifier, "check_valid_op", None)
+            if check is None:
+                continue
+            try:
+                check(target)
+            except Exception:  # noqa: BLE001 - the verifier's refusal, whatever it raises
+                return False
+        return True
+
+    return accepts
 
 
 def is_edge_op(target: Any) -> bool:

@@ -37,8 +37,8 @@ from . import layout
 from .api import rewrite_graph, transformed, without_garbage_collection
 from .dialect import dialect_of, dialect_of_graph
 from .dialect import promised_dim_order
-from .passes.view_copies_to_views import EXECUTORCH_1_5, STRIDEGUARD, plan_view_conversion
-from .program import require_exported_program, signature_following_graph
+from .passes.view_copies_to_views import EXECUTORCH, STRIDEGUARD, plan_view_conversion
+from .program import require_exported_program, require_flag, signature_following_graph
 
 COPY_OUTPUTS_BY_BACKEND = {"CudaBackend": True, "MetalBackend": False}
 """Whether a backend's outputs need strideguard's copies; backends not named here get them."""
@@ -63,13 +63,13 @@ class DenseOutputsPass(ExportedProgramPassBase):
     """
 
     def __init__(self, *, copy_outputs: bool = True, break_aliases: bool = False):
-        self.copy_outputs = copy_outputs
-        self.break_aliases = break_aliases
+        self.copy_outputs = require_flag(copy_outputs, "copy_outputs", "executorch.DenseOutputsPass")
+        self.break_aliases = require_flag(break_aliases, "break_aliases", "executorch.DenseOutputsPass")
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
         program, changed = transformed(
             require_exported_program(exported_program, "executorch.DenseOutputsPass"),
-            policy=EXECUTORCH_1_5,
+            policy=EXECUTORCH,
             convert=False,
             break_aliases=self.break_aliases,
             copy_outputs=self.copy_outputs,
@@ -93,7 +93,7 @@ class ReplaceViewCopyWithViewPass:
     requires_exported_program = True
 
     def __init__(self, *, copy_outputs: bool = True):
-        self.copy_outputs = copy_outputs
+        self.copy_outputs = require_flag(copy_outputs, "copy_outputs", "executorch.ReplaceViewCopyWithViewPass")
 
     def __call__(self, target: Any) -> PassResult:
         if isinstance(target, ExportedProgram):
@@ -168,6 +168,8 @@ def protect_partitioner(partitioner: Partitioner, *, copy_outputs: Optional[bool
     ``DenseOutputsPass``'s job. ``copy_outputs`` overrides the per-backend
     policy (``COPY_OUTPUTS_BY_BACKEND``).
     """
+    if copy_outputs is not None:
+        require_flag(copy_outputs, "copy_outputs", "executorch.protect_partitioner")
     if not isinstance(partitioner, Partitioner):
         raise TypeError(
             "strideguard.executorch.protect_partitioner expects an executorch Partitioner, "
@@ -185,8 +187,8 @@ def move_mislaid_views_to_their_consumers(program: ExportedProgram, tags: list[s
     graph = program.graph
     moved: list[str] = []
     for tag in tags:
-        conversion = plan_view_conversion(graph, EXECUTORCH_1_5, scope=lambda n, tag=tag: n.meta.get(_DELEGATION_TAG) == tag)
-        for node in list(conversion.targets):
+        conversion = plan_view_conversion(graph, EXECUTORCH, scope=lambda n, tag=tag: n.meta.get(_DELEGATION_TAG) == tag)
+        for node in [*conversion.targets, *conversion.later]:
             group = [node] + [u for u in node.users if u.target is operator.getitem]
             leaving = [u for member in group for u in member.users if u not in group]
             if not any(u.meta.get(_DELEGATION_TAG) != tag for u in leaving):

@@ -83,6 +83,27 @@ def same_sizes(first: Sequence[Size], second: Sequence[Size]) -> bool:
     return len(first) == len(second) and all(_known(a == b) for a, b in zip(first, second))
 
 
+def same_order(shape: Sequence[Size], first: Sequence[Size], second: Sequence[Size]) -> bool:
+    """Whether two stride tuples of one shape order every pair of dimensions alike (greater, equal or
+    smaller), provably; the layout an elementwise op gives its result depends on nothing else."""
+    if len(first) != len(second) or len(first) != len(shape):
+        return False
+
+    def relation(strides, i, j) -> Optional[int]:
+        a, b = strides[i], strides[j]
+        for sign, holds in ((1, a > b), (0, a == b), (-1, a < b)):
+            if _known(holds):
+                return sign
+        return None
+
+    for i in range(len(shape)):
+        for j in range(i + 1, len(shape)):
+            r = relation(first, i, j)
+            if r is None or r != relation(second, i, j):
+                return False
+    return True
+
+
 def is_contiguous(shape: Sequence[Size], strides: Sequence[Size]) -> Decision:
     return is_dense_in_order(shape, strides, identity_order(len(shape)))
 

@@ -45,6 +45,13 @@ def require_exported_program(program: Any, function: str) -> ExportedProgram:
     return program
 
 
+def require_flag(value: Any, name: str, function: str) -> bool:
+    """A keyword that must be ``True`` or ``False``: ``"no"`` is not a way to say no."""
+    if not isinstance(value, bool):
+        raise TypeError(f"strideguard.{function}: {name} must be True or False, got {value!r}")
+    return value
+
+
 def placeholder_roles(signature: ExportGraphSignature) -> dict[str, Alias]:
     """Placeholder name -> what it is: a user input, a parameter, a buffer or a constant."""
     roles = {}
@@ -100,7 +107,8 @@ def signature_following_graph(signature: ExportGraphSignature, graph: torch.fx.G
 
 
 def rebuild(program: ExportedProgram, graph: torch.fx.Graph) -> ExportedProgram:
-    """A new program around ``graph``, sharing ``program``'s weights, constants and verifiers.
+    """A new program around ``graph``, sharing ``program``'s weights, constants and verifiers (the tensors, in
+    dicts of its own).
 
     Built as ExecuTorch's pass manager builds its results: a shallow copy of the
     program with a new graph module and signature. The ``ExportedProgram``
@@ -117,6 +125,11 @@ def rebuild(program: ExportedProgram, graph: torch.fx.Graph) -> ExportedProgram:
     module = _LazyGraphModule(program.graph_module, graph)
     module.meta.update(program.graph_module.meta)
     rebuilt = copy.copy(program)
+    # Tensors are shared, containers are not: assigning into the new program's dicts
+    # must never reach the input program.
+    rebuilt._state_dict = dict(program.state_dict)
+    rebuilt._constants = dict(program.constants)
+    rebuilt._verifiers = list(program._verifiers) if program._verifiers is not None else None
     rebuilt._graph_module = module
     rebuilt._graph_signature = signature_following_graph(program.graph_signature, graph)
     with warnings.catch_warnings():

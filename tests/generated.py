@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
-from executorch.exir import EdgeCompileConfig, to_edge
 from executorch.exir.dialects._ops import ops as exir_ops
 from hypothesis import strategies as st
 from torch import nn
@@ -46,6 +45,7 @@ from strideguard.dialect import copy_call, dialect_of, target_dim_orders
 from strideguard.executorch import DenseOutputsPass
 from strideguard.lowering import lower_edge_outputs, lower_outputs
 from strideguard.passes.view_copies_to_views import STRIDEGUARD
+from strideguard.testing.executorch_cpu import aoti_edge_program
 from strideguard.verify import compile_program
 
 def _remember_composite_ops() -> None:
@@ -725,7 +725,8 @@ def export_program(spec: ProgramSpec) -> ExportedProgram:
 
 
 def edge_program(program: ExportedProgram, *, skip_dim_order: bool) -> ExportedProgram:
-    return to_edge(program, compile_config=EdgeCompileConfig(_skip_dim_order=skip_dim_order)).exported_program()
+    """The Edge program as ExecuTorch's AOTI path builds it (no op decomposed), the one its passes see."""
+    return aoti_edge_program(program, skip_dim_order=skip_dim_order)
 
 
 def run(program: ExportedProgram, inputs: Sequence[torch.Tensor]) -> list:

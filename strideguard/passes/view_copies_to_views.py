@@ -1,22 +1,25 @@
 """Turn an Edge program's ``*_copy`` view ops back into views, where that is safe.
 
 ExecuTorch's ``to_edge`` makes every view a fresh copy; an AOTI backend turns
-some of them back into views so that Inductor treats them as free. This module
-decides which nodes become views under a policy (ExecuTorch 1.5.1's own, or
-strideguard's wider one) and replays those views on fake tensors, so that the
-analysis sees the strides the compiled method will really produce. Nothing is
-changed until ``ViewConversion.apply``.
+some of them back into views inside ``preprocess`` so that Inductor treats
+them as free. Which ones is the installed ExecuTorch's decision
+(``backend_conversions`` asks its own ``ReplaceViewCopyWithViewPass``), and it
+is taken whatever strideguard does before. strideguard's own policy converts
+more, where that is safe. This module plans both and replays the views on fake
+tensors, so that the analysis sees the strides the compiled method will really
+produce. Nothing is changed until ``ViewConversion.apply``.
 
 Safe means: no user mutates the result; no user may depend on its layout (an
 out-variant, an op outside ``aten``, a control-flow operator, a ``call_method``);
 a ``view_copy`` becomes a view only where its input's replayed strides allow
-one. strideguard's policy also leaves a *returned* copy alone when turning it
-into a view would not save its copy: a returned ``permute_copy`` already
-writes the output densely, once.
+one; the program's verifier takes the view op. strideguard's policy also leaves
+a *returned* copy alone when turning it into a view would not save its copy: a
+returned ``permute_copy`` already writes the output densely, once.
 """
 
 from __future__ import annotations
 
+import copy
 import operator
 from functools import lru_cache
 from dataclasses import dataclass, field
@@ -29,9 +32,6 @@ from .. import layout
 from ..fake_values import call_on_fake_values, storage_key
 from ..dialect import aten_op, is_higher_order, is_view_op, promised_dim_order, view_twin
 
-EXECUTORCH_VIEW_COPIES = frozenset({"aten::slice_copy.Tensor", "aten::select_copy.int", "aten::split_copy.Tensor"})
-"""What ExecuTorch 1.5.1's AOTI ``ReplaceViewCopyWithViewPass`` converts."""
-
 
 @lru_cache(maxsize=None)
 def op_key(target: Any) -> Optional[str]:
@@ -43,40 +43,85 @@ def op_key(target: Any) -> Optional[str]:
 
 @dataclass(frozen=True)
 class ConversionPolicy:
-    """Which ``*_copy`` ops an AOTI backend turns into views, and how carefully."""
+    """Which ``*_copy`` ops become views before AOTInductor compiles them, and how carefully."""
 
     name: str
-    ops: Optional[frozenset[str]]
-    """Op keys converted; ``None`` for every ``*_copy`` op with a view twin."""
+    backend: bool
+    """The AOTI backend's own view pass runs in ``preprocess``: its conversions happen whatever else."""
+    extra: Optional[frozenset[str]]
+    """Op keys strideguard converts besides; ``None`` for every ``*_copy`` op with a view twin."""
     careful: bool
-    """Also refuse layout-dependent users and returned copies that gain nothing."""
+    """Refuse layout-dependent users and returned copies that gain nothing, for the extra conversions."""
 
     def admits(self, target: Any) -> bool:
         key = op_key(target)
         if key is None:
             return False
-        if self.ops is not None:
-            return key in self.ops
+        if self.extra is not None:
+            return key in self.extra
         return view_twin(target) is not None
 
 
-NO_CONVERSION = ConversionPolicy("none", frozenset(), careful=False)
-EXECUTORCH_1_5 = ConversionPolicy("executorch-1.5.1", EXECUTORCH_VIEW_COPIES, careful=False)
-STRIDEGUARD = ConversionPolicy("strideguard", None, careful=True)
+NO_CONVERSION = ConversionPolicy("none", backend=False, extra=frozenset(), careful=False)
+EXECUTORCH = ConversionPolicy("executorch", backend=True, extra=frozenset(), careful=False)
+"""What the installed ExecuTorch's AOTI backend converts, and nothing more."""
+STRIDEGUARD = ConversionPolicy("strideguard", backend=True, extra=None, careful=True)
+"""ExecuTorch's conversions, and every other view copy where that is safe."""
+
+
+def backend_conversions(
+    graph: torch.fx.Graph, *, scope: Optional[Callable[[Node], bool]] = None
+) -> dict[Node, Any]:
+    """The view copies the installed ExecuTorch's AOTI ``ReplaceViewCopyWithViewPass`` turns into views, and into
+    what: asked of that pass's own table and its own test for users that block a conversion, so a newer
+    ExecuTorch that converts more is followed. With ``scope``, users out of scope do not block (they read a
+    partition's output). An ExecuTorch whose pass no longer has them is asked by running it on a copy."""
+    from executorch.backends.aoti.passes import replace_view_copy_with_view as installed
+
+    view_pass = installed.ReplaceViewCopyWithViewPass()
+    table = getattr(installed, "_VIEW_TARGETS", None)
+    blocking = getattr(view_pass, "_has_blocking_user", None)
+    if not isinstance(table, dict) or blocking is None:
+        return _conversions_by_running(graph, view_pass, scope)
+    conversions = {}
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in table and (scope is None or scope(node)):
+            users = [user for user in node.users if scope is None or scope(user)]
+            if not blocking(node, users):
+                conversions[node] = table[node.target]
+    return conversions
+
+
+def _conversions_by_running(graph: torch.fx.Graph, view_pass: Any, scope) -> dict[Node, Any]:
+    if scope is not None:
+        raise NotImplementedError("this ExecuTorch's view pass exposes no table to plan one partition with")
+    module = torch.fx.GraphModule(torch.nn.Module(), copy.deepcopy(graph))
+    view_pass(module)
+    converted = {node.name: node.target for node in module.graph.nodes}
+    return {
+        node: converted[node.name]
+        for node in graph.nodes
+        if node.op == "call_function" and converted.get(node.name, node.target) != node.target
+    }
 
 
 @dataclass
 class ViewConversion:
-    """The nodes to turn into views, and every node's value once they are."""
+    """The nodes to turn into views (``targets``), those the backend's own pass turns into views later
+    (``later``), and every node's value once they are."""
 
     graph: torch.fx.Graph
     policy: ConversionPolicy
     targets: dict[Node, Any] = field(default_factory=dict)
+    later: dict[Node, Any] = field(default_factory=dict)
     _values: dict[Node, Any] = field(default_factory=dict)
 
     def target_of(self, node: Node) -> Any:
-        """The op ``node`` runs once converted."""
-        return self.targets.get(node, node.target)
+        """The op ``node`` runs once compiled."""
+        return self.targets.get(node) or self.later.get(node) or node.target
+
+    def converts(self, node: Node) -> bool:
+        return node in self.targets or node in self.later
 
     def value(self, node: Node) -> Any:
         """The fake value ``node`` has after conversion (views replayed on their bases)."""
@@ -92,7 +137,7 @@ class ViewConversion:
             return original
         if node.target is operator.getitem and isinstance(node.args[0], Node):
             source = node.args[0]
-            if source in self.targets or is_view_op(source.target):
+            if self.converts(source) or is_view_op(source.target):
                 return self.value(source)[node.args[1]]
             return original
         target = self.target_of(node)
@@ -115,10 +160,10 @@ class ViewConversion:
         for node in self.graph.nodes:
             if node.op != "call_function":
                 continue
-            if node in self.targets and _relaid(self.value(node), node):
+            if self.converts(node) and _relaid(self.value(node), node):
                 changed.add(node)
             feeds = [n for n in node.all_input_nodes if n in changed or n in relaid]
-            if not feeds:
+            if not feeds or _lays_out_its_own_result(node, self.target_of(node)):
                 continue
             if node.target is operator.getitem or is_view_op(self.target_of(node)):
                 changed.add(node)
@@ -148,28 +193,69 @@ class ViewConversion:
 
 
 def _relaid(value: Any, node: Node) -> bool:
-    """Whether a replayed value has another shape or other strides than ``node``'s metadata says."""
+    """Whether a converted view may make the ops reading it lay out their results otherwise.
+
+    An op that follows its inputs' layout (elementwise ops, ``clone`` and
+    ``to`` in ``preserve_format``, ``cat``'s memory format) decides from how
+    its input's strides order the dimensions, not from their values: a slice
+    keeps its base's order and changes nothing downstream, while a transpose,
+    or a permute that moves a size-one dimension, does. So the view reads as
+    the copy did when every pair of dimensions compares the same way
+    (greater, equal, smaller) in both; anything unproven counts as changed.
+    """
     original = node.meta.get("val")
     if value is original:
         return False
     pairs = list(zip(value, original)) if isinstance(value, (list, tuple)) and isinstance(original, (list, tuple)) else [(value, original)]
-    return any(
-        isinstance(new, torch.Tensor)
-        and isinstance(old, torch.Tensor)
-        and not (layout.same_sizes(new.shape, old.shape) and layout.same_sizes(new.stride(), old.stride()))
+    return not all(
+        not (isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor))
+        or layout.same_order(new.shape, new.stride(), old.stride())
         for new, old in pairs
     )
 
 
+_OWN_LAYOUT_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul"})
+_LAYOUT_ARGUMENTS = {
+    "dim_order_ops::_clone_dim_order": "dim_order",
+    "dim_order_ops::_to_dim_order_copy": "dim_order",
+    "aten::clone": "memory_format",
+    "aten::_to_copy": "memory_format",
+}
+
+
+def _lays_out_its_own_result(node: Node, target: Any) -> bool:
+    """Ops whose result's layout does not follow their inputs': view copies (always contiguous),
+    GEMMs, and copies told their layout (``_clone_dim_order(dim_order=...)``, ``clone(memory_format=
+    contiguous)``, strideguard's own output copies among them)."""
+    op = aten_op(target)
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    if torch.Tag.view_copy in op.tags or op._schema.name in _OWN_LAYOUT_OPS:
+        return True
+    argument = _LAYOUT_ARGUMENTS.get(op._schema.name)
+    if argument is None:
+        return False
+    value = node.kwargs.get(argument)
+    return value is not None and value is not torch.preserve_format
+
+
 def plan_view_conversion(
-    graph: torch.fx.Graph, policy: ConversionPolicy, *, scope: Optional[Callable[[Node], bool]] = None
+    graph: torch.fx.Graph,
+    policy: ConversionPolicy,
+    *,
+    scope: Optional[Callable[[Node], bool]] = None,
+    accepts: Optional[Callable[[Any], bool]] = None,
 ) -> ViewConversion:
     """Decide, in graph order, which ``*_copy`` nodes become views under ``policy``.
 
     With ``scope`` (one partition of a graph that will be compiled on its own),
     only nodes in scope are converted and users out of scope count as outputs.
+    With ``accepts`` (the program's verifier), a copy becomes a view only where
+    the verifier takes the view op.
     """
     conversion = ViewConversion(graph, policy)
+    if policy.backend:
+        conversion.later.update(backend_conversions(graph, scope=scope))
     returned = set(_returned_nodes(graph))
     placeholder_storages = {
         storage_key(n.meta.get("val")) for n in graph.find_nodes(op="placeholder") if "val" in n.meta
@@ -180,9 +266,17 @@ def plan_view_conversion(
             continue
         pieces = [node] if node in returned else []
         pieces += [u for u in node.users if u in returned and u.target is operator.getitem]
+        if node in conversion.later:
+            # Converted in preprocess whatever happens here; converting it now too, where the
+            # verifier takes the view, keeps the program what the backend will compile.
+            if policy.extra != frozenset() and (accepts is None or accepts(conversion.later[node])):
+                conversion.targets[node] = conversion.later.pop(node)
+            decided_returned_storages.update(storage_key(conversion.value(p)) for p in pieces)
+            continue
         if (
             not policy.admits(node.target)
             or (scope is not None and not scope(node))
+            or (accepts is not None and not accepts(view_twin(node.target)))
             or _has_blocking_user(node, policy, scope)
         ):
             decided_returned_storages.update(storage_key(conversion.value(p)) for p in pieces)
@@ -190,11 +284,11 @@ def plan_view_conversion(
         if op_key(node.target).startswith("aten::view_copy") and not _viewable(node, conversion):
             continue
         conversion.targets[node] = view_twin(node.target)
-        if policy.careful and op_key(node.target) not in EXECUTORCH_VIEW_COPIES and _reorders_for_compute(node, conversion):
+        if policy.careful and _reorders_for_compute(node, conversion):
             del conversion.targets[node]
             conversion.forget([node])
             continue
-        if policy.careful and pieces and op_key(node.target) not in EXECUTORCH_VIEW_COPIES:
+        if policy.careful and pieces:
             taken = placeholder_storages | decided_returned_storages
             if not _conversion_pays(node, pieces, conversion, taken):
                 del conversion.targets[node]

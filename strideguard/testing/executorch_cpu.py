@@ -27,8 +27,9 @@ from executorch.backends.aoti.aoti_partitioner import AotiPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.backend.backend_details import BackendDetails
 from executorch.exir.backend.compile_spec_schema import CompileSpec
-from executorch.exir.backend.partitioner import Partitioner
+from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from executorch.exir.lowered_backend_module import LoweredBackendModule
+from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
@@ -154,6 +155,58 @@ def make_partitioner(method_name: str = "forward") -> AotiPartitioner:
         StrideguardCpuAotiBackend.__name__,
         [StrideguardCpuAotiBackend.generate_method_name_compile_spec(method_name)],
     )
+
+
+class _Stop(Exception):
+    pass
+
+
+class _StoppingPartitioner(AotiPartitioner):
+    """An AOTI partitioner (the same ops kept undecomposed) that stops lowering at partitioning."""
+
+    def partition(self, exported_program: ExportedProgram) -> PartitionResult:
+        raise _Stop
+
+
+class _Capture(ExportedProgramPassBase):
+    """The last transform pass: keeps the program it sees, the one ``DenseOutputsPass`` would see."""
+
+    def __init__(self):
+        self.program: ExportedProgram | None = None
+
+    def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
+        self.program = exported_program
+        return ExportedProgramPassResult(exported_program, False)
+
+
+def aoti_edge_program(
+    program: ExportedProgram, *, transform_passes: Sequence[Callable] = (), skip_dim_order: bool = False
+) -> ExportedProgram:
+    """The Edge program ExecuTorch's AOTI path builds from ``program``, as its transform passes see it.
+
+    Not ``to_edge``'s: the AOTI partitioner asks that no op be decomposed, so
+    a ``split`` stays a ``split_copy`` (which ExecuTorch's view pass converts)
+    where ``to_edge`` would write ``split_with_sizes_copy`` (which it does not).
+    Lowering stops at partitioning, which works on fake weights.
+    """
+    from executorch.exir import EdgeCompileConfig
+
+    partitioner = _StoppingPartitioner(
+        StrideguardCpuAotiBackend.__name__, [StrideguardCpuAotiBackend.generate_method_name_compile_spec("forward")]
+    )
+    capture = _Capture()
+    try:
+        to_edge_transform_and_lower(
+            program,
+            partitioner=[partitioner],
+            transform_passes=[*transform_passes, capture],
+            compile_config=EdgeCompileConfig(_skip_dim_order=skip_dim_order),
+        )
+    except _Stop:
+        pass
+    if capture.program is None:
+        raise RuntimeError("to_edge_transform_and_lower ran no transform pass")
+    return capture.program
 
 
 @dataclass

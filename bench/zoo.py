@@ -1,0 +1,86 @@
+"""`make zoo`: every model of the zoo (tests/zoo.py) compiled fully, on both paths.
+
+ATen path: AOTInductor compiles the exported program and the program after
+``densify_outputs``; each is run and its outputs measured. Edge path: ExecuTorch's
+real AOTI lowering (``to_edge_transform_and_lower`` with a CPU twin of its CUDA
+backend, its own view pass inside) with and without ``DenseOutputsPass``; each
+delegate is run with torch's AOTI runner. For each model and path it records
+what was needed, copied, left undecided and mispredicted, what is still strided
+after the fix, and whether the fixed values equal the unfixed compiled ones
+bitwise. Writes bench/results/zoo.json and bench/results/zoo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests import zoo  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", help="comma-separated names (default: all)")
+    parser.add_argument("--paths", default="aten,edge")
+    arguments = parser.parse_args()
+    names = arguments.models.split(",") if arguments.models else [m.name for m in zoo.MODELS]
+    models = [m for m in zoo.MODELS if m.name in names]
+    rows, failures = [], []
+    with tempfile.TemporaryDirectory(prefix="strideguard-zoo-") as directory:
+        for model in models:
+            for path in arguments.paths.split(","):
+                judge = zoo.judge_aten if path == "aten" else zoo.judge_edge
+                started = time.perf_counter()
+                try:
+                    judgement = judge(model, compile=True, directory=directory)
+                except Exception as error:  # noqa: BLE001 - one model's failure is a row, not the end of the run
+                    traceback.print_exc()
+                    rows.append({"model": model.name, "path": path, "error": f"{type(error).__name__}: {error}"[:300]})
+                    failures.append(f"{model.name} ({path}): {type(error).__name__}")
+                    continue
+                row = {**judgement.row(), "what": model.what, "seconds": round(time.perf_counter() - started, 1)}
+                detail = judgement.mispredicted + judgement.after + judgement.values
+                if detail:
+                    row["detail"] = detail
+                rows.append(row)
+                if not judgement.ok:
+                    failures.append(f"{model.name} ({path})")
+                print(json.dumps(row), flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "zoo.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (RESULTS / "zoo.md").write_text(table(rows))
+    print(table(rows))
+    if failures:
+        print("NOT OK:", ", ".join(failures))
+    return 1 if failures else 0
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| model | returns | path | outputs | strided without fix | copies | left to Inductor | mispredicted | strided after fix | fixed values = unfixed |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['model']} | | {row['path']} | error: {row['error'][:80]} | | | | | | |")
+            continue
+        lines.append(
+            f"| {row['model']} | {row['what']} | {row['path']} | {row['outputs']} | {row['needed']} | {row['copied']} | "
+            f"{row['undecided']} | {row['mispredicted']} | {row['strided_after_fix']} | "
+            f"{'bitwise' if not row['values_differ'] else 'DIFFER'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

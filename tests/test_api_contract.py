@@ -1,0 +1,65 @@
+"""The API refuses what it cannot mean, and a new program never shares a mutable container with its input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import strideguard
+from strideguard.executorch import DenseOutputsPass, ReplaceViewCopyWithViewPass, protect_partitioner
+
+
+class Sliced(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("table", torch.arange(6.0))
+
+    def forward(self, x):
+        return self.lin(x)[:, :5] + self.table[:5]
+
+
+@pytest.fixture(scope="module")
+def program():
+    return torch.export.export(Sliced().eval(), (torch.randn(2, 8),))
+
+
+def test_a_new_program_shares_tensors_not_dicts(program):
+    fixed = strideguard.densify_outputs(program)
+    assert fixed.state_dict is not program.state_dict and fixed.constants is not program.constants
+    for name, tensor in program.state_dict.items():
+        assert fixed.state_dict[name] is tensor
+    fixed.state_dict["lin.weight"] = torch.zeros(8, 8)
+    fixed.state_dict["new"] = torch.zeros(1)
+    fixed.constants["added"] = torch.zeros(1)
+    assert program.state_dict["lin.weight"].abs().sum() > 0
+    assert "new" not in program.state_dict and "added" not in program.constants
+    assert fixed.verifiers is not program.verifiers or not isinstance(program.verifiers, list)
+
+
+@pytest.mark.parametrize("call", [
+    lambda p: strideguard.densify_outputs(p, break_aliases="no"),
+    lambda p: strideguard.densify_outputs(p, exact=1),
+    lambda p: strideguard.prepare_for_aoti(p, copy_outputs=None),
+    lambda p: strideguard.inspect(p, exact="yes"),
+    lambda p: strideguard.inspect(p, policy="strideguard"),
+    lambda p: DenseOutputsPass(break_aliases="no"),
+    lambda p: ReplaceViewCopyWithViewPass(copy_outputs=0),
+    lambda p: strideguard.verify(p, more_inputs=torch.randn(2, 8)),
+    lambda p: strideguard.densify_outputs(p.module()),
+])
+def test_wrong_argument_types_raise_type_error(program, call):
+    with pytest.raises(TypeError, match="strideguard"):
+        call(program)
+
+
+def test_an_unknown_device_raises_value_error_before_compiling(program):
+    with pytest.raises(ValueError, match="device must be one of cpu, cuda, got 'tpu'"):
+        strideguard.verify(program, device="tpu")
+
+
+def test_protect_partitioner_checks_its_flag():
+    from strideguard.testing.executorch_cpu import make_partitioner
+
+    with pytest.raises(TypeError, match="copy_outputs"):
+        protect_partitioner(make_partitioner(), copy_outputs="yes")

@@ -1,0 +1,334 @@
+"""Real third-party models, built from small configs with random weights (nothing is downloaded).
+
+Each entry returns what its users export: decoder LMs returning the last
+position's logits (a prefill whose KV cache starts empty, so its first update
+is ``cat([empty, k])``, and a decode step with a cache passed in), an encoder's
+CLS state and pooled output, an encoder-decoder, vision transformers, a
+diffusion UNet and DiT, and a fused-QKV attention head. The model libraries
+(transformers, diffusers) are the project's ``zoo`` test extra, never a
+runtime dependency.
+
+``judge_aten`` and ``judge_edge`` check strideguard on one model against
+Inductor's own lowering (``make test``) or, with ``compile=True``, against
+what AOTInductor and ExecuTorch's AOTI path really return (``make zoo``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+import strideguard
+from strideguard import Action, layout
+from strideguard.dialect import target_dim_orders
+from strideguard.executorch import DenseOutputsPass
+from strideguard.lowering import lower_edge_outputs, lower_outputs
+
+from . import programs
+
+VOCABULARY = 128
+LLM = dict(
+    vocab_size=VOCABULARY,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    attn_implementation="eager",
+)
+"""A small decoder LM; eager attention, which ExecuTorch's CUDA backend also decomposes SDPA into."""
+
+
+@dataclass
+class ZooModel:
+    name: str
+    what: str
+    """What the method returns, in words."""
+    build: Callable[[], tuple[nn.Module, tuple]]
+
+    def export(self) -> torch.export.ExportedProgram:
+        torch.manual_seed(0)
+        module, inputs = self.build()
+        return torch.export.export(module.eval(), inputs, strict=False)
+
+
+class LastLogitsAndCache(nn.Module):
+    """A causal LM step returning ``logits[:, -1, :]`` and every layer's keys and values.
+
+    With no ``past`` it is a prefill, whose cache starts empty; with ``past``
+    tensors (keys and values per layer) it is a decode step extending them.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, *past):
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        for layer in range(len(past) // 2):
+            cache.update(past[2 * layer], past[2 * layer + 1], layer)
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        cached = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        return (out.logits[:, -1, :], *cached)
+
+
+class ClsAndPooled(nn.Module):
+    """An encoder returning its first token's state (CLS) and its pooled output."""
+
+    def __init__(self, model: nn.Module, input_name: str):
+        super().__init__()
+        self.model, self.input_name = model, input_name
+
+    def forward(self, x):
+        out = self.model(**{self.input_name: x})
+        return out.last_hidden_state[:, 0], out.pooler_output
+
+
+class Seq2SeqLogits(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, decoder_ids):
+        out = self.model(input_ids=ids, decoder_input_ids=decoder_ids, use_cache=False)
+        return out.logits[:, -1, :], out.encoder_last_hidden_state
+
+
+class Sample(nn.Module):
+    """A diffusers model's denoised sample."""
+
+    def __init__(self, model: nn.Module, **names: str):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, x, timestep, condition):
+        return self.model(x, timestep, **{self.names["condition"]: condition}).sample
+
+
+def _llm(config_class: str, model_class: str, batch: int, decode: bool):
+    def build():
+        import transformers
+
+        config = getattr(transformers, config_class)(**LLM)
+        model = getattr(transformers, model_class)(config)
+        ids = torch.randint(0, VOCABULARY, (batch, 1 if decode else 8))
+        heads, dim = LLM["num_key_value_heads"], LLM["hidden_size"] // LLM["num_attention_heads"]
+        past = tuple(torch.randn(batch, heads, 8, dim) for _ in range(2 * LLM["num_hidden_layers"])) if decode else ()
+        return LastLogitsAndCache(model), (ids, *past)
+
+    return build
+
+
+def _bert():
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=VOCABULARY, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, attn_implementation="eager")
+    return ClsAndPooled(BertModel(config), "input_ids"), (torch.randint(0, VOCABULARY, (2, 8)),)
+
+
+def _t5():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=VOCABULARY, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                      attn_implementation="eager")
+    ids, decoder_ids = torch.randint(0, VOCABULARY, (2, 8)), torch.randint(0, VOCABULARY, (2, 4))
+    return Seq2SeqLogits(T5ForConditionalGeneration(config)), (ids, decoder_ids)
+
+
+def _vit():
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=128, attn_implementation="eager")
+    return ClsAndPooled(ViTModel(config), "pixel_values"), (torch.randn(2, 3, 32, 32),)
+
+
+def _clip():
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    config = CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, intermediate_size=128, attn_implementation="eager")
+    return ClsAndPooled(CLIPVisionModel(config), "pixel_values"), (torch.randn(2, 3, 32, 32),)
+
+
+def _unet():
+    from diffusers import UNet2DConditionModel
+
+    unet = UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8,
+    )
+    inputs = (torch.randn(2, 4, 8, 8), torch.tensor([10, 20]), torch.randn(2, 4, 32))
+    return Sample(unet, condition="encoder_hidden_states"), inputs
+
+
+def _dit():
+    from diffusers import DiTTransformer2DModel
+
+    dit = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=8,
+                                num_layers=2, sample_size=8, patch_size=2, norm_num_groups=8)
+    inputs = (torch.randn(2, 4, 8, 8), torch.tensor([10, 20]), torch.tensor([1, 2]))
+    return Sample(dit, condition="class_labels"), inputs
+
+
+def _fused_qkv():
+    return programs.AttentionHead(with_detach=False), (torch.randn(2, 4, 16),)
+
+
+MODELS = [
+    ZooModel("llama-prefill-b1", "logits[:, -1, :], KV cache from empty", _llm("LlamaConfig", "LlamaForCausalLM", 1, False)),
+    ZooModel("llama-prefill-b2", "logits[:, -1, :], KV cache from empty", _llm("LlamaConfig", "LlamaForCausalLM", 2, False)),
+    ZooModel("llama-decode-b1", "logits[:, -1, :], KV cache extended", _llm("LlamaConfig", "LlamaForCausalLM", 1, True)),
+    ZooModel("llama-decode-b2", "logits[:, -1, :], KV cache extended", _llm("LlamaConfig", "LlamaForCausalLM", 2, True)),
+    ZooModel("qwen2-prefill-b2", "logits[:, -1, :], KV cache from empty", _llm("Qwen2Config", "Qwen2ForCausalLM", 2, False)),
+    ZooModel("mistral-prefill-b1", "logits[:, -1, :], sliding-window KV cache", _llm("MistralConfig", "MistralForCausalLM", 1, False)),
+    ZooModel("bert", "CLS state, pooled output", _bert),
+    ZooModel("t5", "decoder logits[:, -1, :], encoder states", _t5),
+    ZooModel("vit", "CLS state, pooled output", _vit),
+    ZooModel("clip-vision", "last hidden state, pooled output", _clip),
+    ZooModel("unet", "denoised sample", _unet),
+    ZooModel("dit", "denoised sample", _dit),
+    ZooModel("fused-qkv-head", "qkv slice, select, split chunk, transposed attention, scores", _fused_qkv),
+]
+
+
+@dataclass
+class Judgement:
+    """One model on one path: what strideguard predicted and did, against what Inductor (or the
+    compiled method) returned."""
+
+    model: str
+    path: str
+    outputs: int
+    needed: list[int]
+    """Outputs returned outside their target layout without strideguard."""
+    copied: list[int]
+    undecided: list[int]
+    """Outputs the fast analysis left to Inductor (each copied)."""
+    mispredicted: list[str]
+    """Decided outputs whose predicted strides differ from those returned."""
+    after: list[str]
+    """Outputs still outside their target layout after the fix."""
+    values: list[str] = field(default_factory=list)
+    """Outputs whose fixed values differ from the unfixed compiled program's (compiled runs only)."""
+    source: str = "lowering"
+
+    @property
+    def ok(self) -> bool:
+        return not (self.mispredicted or self.after or self.values) and self.copied == self.needed
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "path": self.path, "outputs": self.outputs, "needed": len(self.needed),
+            "copied": len(self.copied), "undecided": len(self.undecided), "mispredicted": len(self.mispredicted),
+            "strided_after_fix": len(self.after), "values_differ": len(self.values), "checked_by": self.source,
+            "ok": self.ok,
+        }
+
+
+def _strides_of(value: Any) -> Optional[tuple]:
+    return tuple(value.stride()) if isinstance(value, torch.Tensor) else None
+
+
+def _judge(model: str, path: str, report, returned_before: list, returned_after: list, orders, source: str) -> Judgement:
+    """``returned_*``: per user output, (shape, strides) as lowered or measured, ``None`` for non-tensors."""
+    needed, mispredicted, after = [], [], []
+    for record, before, fixed, order in zip(report.outputs, returned_before, returned_after, orders):
+        if record.kind != "tensor" or before is None:
+            continue
+        shape, strides = before
+        if layout.has_layout(shape, strides, order) is not True:
+            needed.append(record.index)
+        empty = any(layout.same_sizes((s,), (0,)) for s in shape)
+        if record.in_target_layout is not None and not empty and _text(record.strides) != _text(strides):
+            mispredicted.append(f"[{record.index}] {record.name}: predicted {_text(record.strides)}, got {_text(strides)}")
+        if fixed is not None and layout.has_layout(fixed[0], fixed[1], order) is not True:
+            after.append(f"[{record.index}] {record.name}: {_text(fixed[1])} after the fix")
+    return Judgement(
+        model=model, path=path, outputs=len(report.outputs), needed=needed,
+        copied=[o.index for o in report.outputs if o.action is Action.COPY],
+        undecided=[o.index for o in report.outputs if o.kind == "tensor" and o.in_target_layout is None],
+        mispredicted=mispredicted, after=after, source=source,
+    )
+
+
+def _text(values) -> list:
+    return [v if isinstance(v, (int, str)) else layout.format_strides([v])[0] for v in values]
+
+
+def _lowered(lowering) -> list:
+    return [None if o is None else (o.shape, o.strides) for o in lowering.outputs]
+
+
+def _measured(values: list) -> list:
+    return [(tuple(v.shape), tuple(v.stride())) if isinstance(v, torch.Tensor) else None for v in values]
+
+
+def judge_aten(model: ZooModel, *, compile: bool = False, directory: Optional[str] = None) -> Judgement:
+    """The ATen path: ``inspect`` against what AOTInductor returns, ``densify_outputs`` after."""
+    program = model.export()
+    report = strideguard.inspect(program)
+    fixed = strideguard.densify_outputs(program)
+    orders = target_dim_orders(program)
+    if not compile:
+        return _judge(model.name, "aten", report, _lowered(lower_outputs(program)), _lowered(lower_outputs(fixed)),
+                      orders, "lowering")
+    from strideguard.verify import compile_program
+
+    inputs = program.example_inputs[0]
+    with torch.no_grad():
+        before = _leaves(compile_program(program, os.path.join(directory, model.name, "aten"))(*inputs))
+        after = _leaves(compile_program(fixed, os.path.join(directory, model.name, "aten-fixed"))(*inputs))
+    judgement = _judge(model.name, "aten", report, _measured(before), _measured(after), orders, "compiled")
+    judgement.values = _differing(report, before, after)
+    return judgement
+
+
+def edge_of(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """The Edge program ExecuTorch's AOTI path builds, the one ``DenseOutputsPass`` sees there."""
+    from strideguard.testing.executorch_cpu import aoti_edge_program
+
+    return aoti_edge_program(program)
+
+
+def judge_edge(model: ZooModel, *, compile: bool = False, directory: Optional[str] = None) -> Judgement:
+    """The Edge path (dim-order mode) through ExecuTorch's AOTI backend, its own view pass included:
+    ``inspect`` against what the delegate returns, ``DenseOutputsPass`` after."""
+    edge = edge_of(model.export())
+    report = strideguard.inspect(edge)
+    orders = target_dim_orders(edge)
+    if not compile:
+        dense = DenseOutputsPass().call(edge).exported_program
+        return _judge(model.name, "edge", report, _lowered(lower_edge_outputs(edge)),
+                      _lowered(lower_edge_outputs(dense)), orders, "lowering")
+    from strideguard.testing.executorch_cpu import lower_and_run
+
+    program = model.export()
+    inputs = tuple(program.example_inputs[0])
+    workdir = os.path.join(directory, model.name, "edge")
+    before = lower_and_run(model.export(), inputs, workdir=workdir).outputs
+    after = lower_and_run(model.export(), inputs, transform_passes=[DenseOutputsPass()], workdir=workdir + "-fixed").outputs
+    judgement = _judge(model.name, "edge", report, _measured(before), _measured(after), orders, "compiled")
+    judgement.values = _differing(report, before, after)
+    return judgement
+
+
+def _leaves(values: Any) -> list:
+    return torch.utils._pytree.tree_leaves(values, is_leaf=lambda x: x is None)
+
+
+def _differing(report, before: list, after: list) -> list[str]:
+    return [
+        f"[{record.index}] {record.name}"
+        for record, b, a in zip(report.outputs, before, after)
+        if isinstance(b, torch.Tensor) and not (isinstance(a, torch.Tensor) and torch.equal(a, b))
+    ]
