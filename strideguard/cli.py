@@ -67,6 +67,13 @@ class Device(str, Enum):
 
 ProgramFile = Annotated[Path, typer.Argument(help="A .pt2 file written by torch.export.save.", show_default=False)]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else.")]
+Exact = Annotated[
+    bool,
+    typer.Option(
+        "--exact",
+        help="Ask Inductor: run its lowering (about a second; no code is compiled) and decide every output by it.",
+    ),
+]
 Debug = Annotated[bool, typer.Option("--debug", help="On errors, show the traceback; show torch's warnings.")]
 
 
@@ -141,6 +148,11 @@ def _layout_table(title: str, report: LayoutReport) -> Table:
         table.add_column(column, overflow="fold")
     for column in ("aliases", "cause", "fix"):
         table.add_column(column, overflow="fold")
+    table.caption = (
+        "strides from Inductor's lowering"
+        if report.source == "lowering"
+        else "strides read off the graph; where Inductor decides, fix copies and --exact asks Inductor"
+    )
     for output in report.outputs:
         mark = "green" if output.ok else "red"
         if output.kind != "tensor":
@@ -151,7 +163,7 @@ def _layout_table(title: str, report: LayoutReport) -> Table:
             output.name,
             str(list(output.shape)),
             output.dtype,
-            str(list(output.strides)),
+            str(list(output.strides)) + (" [yellow](Inductor decides)[/]" if output.in_target_layout is None else ""),
             _yes_no(output.dense),
             _yes_no(output.contiguous),
             ", ".join(map(str, output.aliases)) or "-",
@@ -184,6 +196,7 @@ def inspect_command(
         typer.Option("--plot", help="Draw each output that fix copies, before and after, into this PNG file (written under exactly this name)."),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace the --plot file if it exists.")] = False,
+    exact: Exact = False,
     debug: Debug = False,
 ) -> None:
     """Show every user output as AOTInductor will return it, and what fix would insert."""
@@ -191,7 +204,7 @@ def inspect_command(
         if plot is not None:
             check_output_path(plot, input_path=program, overwrite=force)
         loaded = load_program(program)
-        report = inspect(loaded)
+        report = inspect(loaded, exact=exact)
     if plot is not None:
         with _running(f"writing the plot {plot}", debug, json_output):
             _write_plot(loaded, report, plot, program, force)
@@ -231,6 +244,7 @@ def fix(
     break_aliases: Annotated[
         bool, typer.Option("--break-aliases", help="Also copy outputs sharing memory with an input, a weight or another output.")
     ] = False,
+    exact: Exact = False,
     debug: Debug = False,
 ) -> None:
     """Write PROGRAM with one copy per output that would come back strided; PROGRAM is never modified."""
@@ -238,8 +252,8 @@ def fix(
     with _running("fix", debug):
         check_output_path(output, input_path=program, overwrite=force)
         loaded = load_program(program)
-        fixed = transform(loaded, break_aliases=break_aliases)
-        report = inspect(fixed)
+        fixed = transform(loaded, break_aliases=break_aliases, exact=exact)
+        report = inspect(fixed, exact=exact)
         save_program(fixed, output, input_path=program, overwrite=force)
     console = _stdout()
     console.print(f"wrote {output} (prepared for {target.value}; {program} unchanged)")
@@ -286,6 +300,15 @@ def _verify_json(report: LayoutReport, measured: VerifyReport) -> dict:
     return data
 
 
+def _as_predicted(check) -> str:
+    """Whether the strides returned are those inspect predicted and Inductor's lowering gave."""
+    if check.as_predicted is None:
+        return "-" if check.lowered_strides is None else "[yellow]Inductor decided[/]"
+    if check.as_predicted:
+        return "yes" if check.predicted_strides is not None else "yes (lowering)"
+    return f"[red]no[/]: predicted {check.predicted_strides}, lowered {check.lowered_strides}"
+
+
 def _print_verify(console: Console, program: Path, measured: VerifyReport) -> None:
     table = Table(
         title=f"{program}: compiled with AOTInductor on {measured.device} in {measured.compile_seconds:.1f} s and run",
@@ -293,12 +316,12 @@ def _print_verify(console: Console, program: Path, measured: VerifyReport) -> No
     )
     for column in ("#", "name", "shape", "strides returned", "offset", "dense", "contiguous"):
         table.add_column(column, overflow="fold")
-    for column in ("aliases", "max |err|", "equal"):
+    for column in ("aliases", "max |err|", "equal", "as predicted"):
         table.add_column(column, overflow="fold")
     for check in measured.outputs:
         mark = "green" if check.ok else "red"
         if check.kind != "tensor":
-            table.add_row(f"[{mark}]{check.index}[/]", check.name or "-", check.kind, *["-"] * 6, _yes_no(check.match))
+            table.add_row(f"[{mark}]{check.index}[/]", check.name or "-", check.kind, *["-"] * 6, _yes_no(check.match), "-")
             continue
         table.add_row(
             f"[{mark}]{check.index}[/]",
@@ -311,6 +334,7 @@ def _print_verify(console: Console, program: Path, measured: VerifyReport) -> No
             ", ".join(check.aliases) or "-",
             f"{check.max_abs_error:g}",
             _yes_no(check.match),
+            _as_predicted(check),
         )
     console.print(table)
     if measured.ok:

@@ -131,6 +131,19 @@ def test_inspect_json_and_plot(programs, tmp_path):
     assert [path.name for path in tmp_path.iterdir()] == ["layout"]
 
 
+def test_inspect_exact_asks_inductor_what_the_graph_leaves_open(programs):
+    """``(x * 2)[:, :3]``: from the graph alone, Inductor may fuse the slice into the product and write it
+    afresh, so the fast report leaves it undecided; ``--exact`` runs the lowering and decides it."""
+    fast = json.loads(strideguard("inspect", programs / "dynamic.pt2", "--json").stdout)
+    exact = json.loads(strideguard("inspect", programs / "dynamic.pt2", "--json", "--exact").stdout)
+    assert fast["source"] == "analysis" and exact["source"] == "lowering"
+    [undecided], [decided] = fast["outputs"], exact["outputs"]
+    assert undecided["in_target_layout"] is None and undecided["action"] == "copy"
+    assert "inspect(exact=True)" in undecided["reason"]
+    assert decided["in_target_layout"] is False and decided["strides"] == [8, 1]
+    assert "Inductor's lowering returns strides [8, 1]" in decided["reason"]
+
+
 def test_plot_never_replaces_the_input(programs, tmp_path):
     source = tmp_path / "weights.png"
     source.write_bytes((programs / "policy.pt2").read_bytes())

@@ -212,3 +212,38 @@ def test_prepare_for_aoti_converts_more_than_executorch_and_compiles_dense():
     assert {"slice", "select", "split_with_sizes", "view", "expand"} <= views
     report = strideguard.verify(prepared, ATTENTION_INPUT)
     assert report.ok, str(report)
+
+
+class ReturnsTranspose(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x).transpose(0, 1)
+
+
+def test_the_installed_executorch_view_table_is_followed(monkeypatch):
+    """strideguard asks the installed ExecuTorch which view copies its AOTI pass converts: a newer table that
+    also converts ``transpose_copy`` makes the returned transpose a strided view, and strideguard follows."""
+    from executorch.backends.aoti.passes import replace_view_copy_with_view as installed
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from strideguard.lowering import lower_edge_outputs
+    from strideguard.testing.executorch_cpu import aoti_edge_program
+
+    torch.manual_seed(0)
+    edge = aoti_edge_program(torch.export.export(ReturnsTranspose().eval(), (torch.randn(4, 8),)))
+    [as_shipped] = strideguard.inspect(edge).outputs
+    assert as_shipped.action is Action.NONE and as_shipped.strides == (4, 1)
+
+    table = dict(installed._VIEW_TARGETS)
+    table[exir_ops.edge.aten.transpose_copy.int] = exir_ops.edge.aten.transpose.int
+    monkeypatch.setattr(installed, "_VIEW_TARGETS", table)
+    [newer] = strideguard.inspect(edge).outputs
+    assert newer.action is Action.COPY and newer.strides == (1, 8)
+    [lowered] = lower_edge_outputs(edge).outputs
+    assert lowered.strides == (1, 8), "Inductor, given the newer table, agrees"
+    dense = DenseOutputsPass().call(edge).exported_program
+    [fixed] = lower_edge_outputs(dense).outputs
+    assert fixed.strides == (4, 1)
