@@ -31,6 +31,36 @@ class Blocks(nn.Module):
         return tuple(outputs)
 
 
+class ViewHeavyBlocks(nn.Module):
+    """Every block slices, selects, expands and unsqueezes: many view copies for an AOTI backend to convert,
+    each feeding compute; every twentieth block also returns a slice and a transpose."""
+
+    def __init__(self, blocks: int):
+        super().__init__()
+        self.blocks = blocks
+
+    def forward(self, x):
+        outputs = []
+        h = x
+        for i in range(self.blocks):
+            row = h[:, 1:13]
+            first = row.select(1, 0).unsqueeze(1).expand(-1, 12)
+            h = torch.cat([row + first, h[:, :4] * 0.5], dim=1)
+            if i % 20 == 0:
+                outputs += [h[:, :8], h.transpose(0, 1)]
+        return tuple(outputs)
+
+
+VIEW_HEAVY_NODES_PER_BLOCK = 10
+
+
+def export_view_heavy(nodes: int) -> torch.export.ExportedProgram:
+    """An ATen program of about ``nodes`` nodes, most of them views."""
+    return torch.export.export(
+        ViewHeavyBlocks(max(1, nodes // VIEW_HEAVY_NODES_PER_BLOCK)), (torch.randn(4, 16),)
+    )
+
+
 def export_blocks(nodes: int) -> torch.export.ExportedProgram:
     """An ATen program of about ``nodes`` nodes."""
     return torch.export.export(Blocks(max(1, nodes // NODES_PER_BLOCK)), (torch.randn(4, 16),))

@@ -6,24 +6,33 @@ compilation with the cheapest copies; ``verify`` compiles, runs and proves it.
 """
 
 from .api import densify_outputs, inspect, prepare_for_aoti
+from .passes.view_copies_to_views import EXECUTORCH, NO_CONVERSION, STRIDEGUARD, ConversionPolicy
 from .records import (
     Action,
     Alias,
     AliasKind,
     LayoutReport,
     OutputCheck,
+    OutputKind,
     OutputLayout,
+    Reason,
     VerifyReport,
 )
 from .verify import verify
 
 __all__ = [
+    "EXECUTORCH",
+    "NO_CONVERSION",
+    "STRIDEGUARD",
     "Action",
+    "ConversionPolicy",
     "Alias",
     "AliasKind",
     "LayoutReport",
     "OutputCheck",
+    "OutputKind",
     "OutputLayout",
+    "Reason",
     "VerifyReport",
     "densify_outputs",
     "inspect",

@@ -26,7 +26,7 @@ from . import inductor, layout
 from .fake_values import call_on_fake_values, storage_key
 from .dialect import Dialect, aten_op, is_higher_order, is_view_op
 from .program import UserOutput, output_values, placeholder_roles, user_outputs
-from .records import Action, Alias, AliasKind, LayoutReport, OutputLayout
+from .records import Action, Alias, AliasKind, LayoutReport, OutputKind, OutputLayout, Reason
 
 if TYPE_CHECKING:
     from .lowering import Lowering
@@ -72,8 +72,13 @@ class OutputFacts:
     """View nodes from the output inward, ending before ``base``."""
     base: Optional[Node]
     target_order: Optional[tuple[int, ...]]
-    needs_copy: bool
     layout: OutputLayout
+    value: Any = None
+    """Its fake value as compiled (views replayed on their bases, so it shares their storage)."""
+
+    @property
+    def copied(self) -> bool:
+        return self.layout.action is Action.COPY
 
 
 def _describe_view(node: Node, target_of: Targets) -> str:
@@ -186,7 +191,7 @@ def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
     result = []
     for fact in facts:
         record = fact.layout
-        if fact.needs_copy or not record.aliases:
+        if fact.copied or not record.aliases:
             result.append(fact)
             continue
         still_shared = [
@@ -197,25 +202,19 @@ def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
             kept.add(record.index)
             result.append(fact)
             continue
-        reason = f"shares memory with {', '.join(map(str, still_shared))}"
-        record = replace(record, action=Action.COPY, reason=reason)
-        result.append(replace(fact, needs_copy=True, layout=record))
+        explanation = f"shares memory with {', '.join(map(str, still_shared))}"
+        record = replace(record, action=Action.COPY, reason=Reason.SHARES_MEMORY, explanation=explanation)
+        result.append(replace(fact, layout=record))
     return result
 
 
 def _non_tensor_facts(out: UserOutput, value: Any, node: Optional[Node]) -> OutputFacts:
-    if isinstance(value, torch.SymInt) or (node is not None and isinstance(meta_value(node), torch.SymInt)):
-        kind = "symint"
-    elif value is None:
-        kind = "none"
-    else:
-        kind = type(value).__name__
-    record = OutputLayout(
-        index=out.index, name=node.name if node is not None else None, kind=kind, shape=None, dtype=None,
-        strides=None, contiguous=None, dense=None, target_dim_order=None, in_target_layout=None, aliases=(),
-        view_of=None, cause=None, action=Action.NONE, reason="not a tensor",
-    )
-    return OutputFacts(out, node, (), None, None, False, record)
+    traced = meta_value(node) if node is not None else value
+    kinds = {torch.SymInt: OutputKind.SYMINT, torch.SymFloat: OutputKind.SYMFLOAT, torch.SymBool: OutputKind.SYMBOOL,
+             bool: OutputKind.BOOL, int: OutputKind.INT, float: OutputKind.FLOAT, type(None): OutputKind.NONE}
+    kind = next((k for t, k in kinds.items() if isinstance(traced, t)), OutputKind.OTHER)
+    record = OutputLayout(index=out.index, name=node.name if node is not None else None, kind=kind)
+    return OutputFacts(out, node, (), None, None, record)
 
 
 @dataclass(frozen=True)
@@ -360,39 +359,14 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
     elif in_target is not True:
         cause = f"produced with strides {list(layout.format_strides(strides))} by {_source_name(base, roles, target_of)}"
 
-    control_flow = _control_flow_base(base)
-    if control_flow:
-        in_target = None
-        needs_copy, reason = True, "output of control flow: its compiled layout is not decided, so it is copied"
-    elif in_target is None:
-        needs_copy = True
-        reason = "symbolic strides: cannot prove them those of its target layout, so it is copied"
-    elif compiled.undecided is not None and (
-        compiled.unknown
-        or in_target is not True
-        or any(layout.has_layout(shape, other, target_order) is not True for other in compiled.alternatives)
-    ):
-        in_target = None
-        needs_copy = True
-        reason = f"{compiled.undecided}; copied, and inspect(exact=True) asks Inductor"
-    elif in_target is False:
-        needs_copy = True
-        reason = (
-            f"strides {list(layout.format_strides(strides))} are not the strides "
-            f"{list(layout.format_strides(layout.strides_for_order(shape, target_order)))} of dim order {list(target_order)}"
-        )
-    else:
-        needs_copy = False
-        reason = "dense in its target layout" if not chain else "a view already dense in its target layout"
-        if compiled.undecided is not None:
-            reason += ", whether Inductor returns it as a view or computes it afresh in its order"
-    if compiled.note is not None and not needs_copy:
-        reason += f" ({compiled.note})"
-
+    in_target, reason, explanation = _verdict(compiled, base, chain, shape, strides, target_order, in_target)
     record = OutputLayout(
         index=out.index,
         name=node.name,
-        kind="tensor",
+        kind=OutputKind.TENSOR,
+        action=Action.NONE if reason in (Reason.IN_LAYOUT, Reason.VIEW_IN_LAYOUT) else Action.COPY,
+        reason=reason,
+        explanation=explanation,
         shape=layout.format_strides(shape),
         dtype=str(tensor.dtype).removeprefix("torch."),
         strides=layout.format_strides(strides),
@@ -403,10 +377,32 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
         aliases=tuple(aliases),
         view_of=_source_name(base, roles, target_of) if chain else None,
         cause=cause,
-        action=Action.COPY if needs_copy else Action.NONE,
-        reason=reason,
     )
-    return OutputFacts(out, node, tuple(chain), base, tuple(target_order), needs_copy, record)
+    return OutputFacts(out, node, tuple(chain), base, tuple(target_order), record, tensor)
+
+
+def _verdict(compiled: _Compiled, base: Node, chain, shape, strides, order, in_target) -> tuple:
+    """``in_target_layout``, the reason and its explanation for one tensor output."""
+    if _control_flow_base(base):
+        return None, Reason.CONTROL_FLOW, "an output of control flow: its compiled layout is not decided, so it is copied"
+    if in_target is None:
+        return None, Reason.SYMBOLIC, "symbolic strides: cannot prove them those of its target layout, so it is copied"
+    if compiled.undecided is not None and (
+        compiled.unknown
+        or in_target is not True
+        or any(layout.has_layout(shape, other, order) is not True for other in compiled.alternatives)
+    ):
+        return None, Reason.INDUCTOR_DECIDES, f"{compiled.undecided}; copied, and inspect(exact=True) asks Inductor"
+    if in_target is False:
+        shown, target = layout.format_strides(strides), layout.format_strides(layout.strides_for_order(shape, order))
+        return False, Reason.STRIDED, f"strides {list(shown)} are not the strides {list(target)} of dim order {list(order)}"
+    reason = Reason.VIEW_IN_LAYOUT if chain else Reason.IN_LAYOUT
+    explanation = "a view already dense in its target layout" if chain else "dense in its target layout"
+    if compiled.undecided is not None:
+        explanation += ", whether Inductor returns it as a view or computes it afresh in its order"
+    if compiled.note is not None:
+        explanation += f" ({compiled.note})"
+    return True, reason, explanation
 
 
 def report(facts: list[OutputFacts], dialect: Dialect, *, source: str = "analysis") -> LayoutReport:
@@ -430,23 +426,26 @@ def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFa
         in_target = layout.has_layout(shape, strides, order)
         shown = list(layout.format_strides(strides))
         if in_target is True:
-            reason = "dense in its target layout, by Inductor's lowering"
+            reason = Reason.VIEW_IN_LAYOUT if fact.chain else Reason.IN_LAYOUT
+            explanation = "dense in its target layout, by Inductor's lowering"
         elif in_target is False:
             target = list(layout.format_strides(layout.strides_for_order(shape, order)))
-            reason = f"Inductor's lowering returns strides {shown}, not the strides {target} of dim order {list(order)}"
+            reason = Reason.STRIDED
+            explanation = f"Inductor's lowering returns strides {shown}, not the strides {target} of dim order {list(order)}"
         else:
-            reason = f"Inductor's lowering returns symbolic strides {shown}: cannot prove them those of its target layout"
+            reason = Reason.SYMBOLIC
+            explanation = f"Inductor's lowering returns symbolic strides {shown}: cannot prove them those of its target layout"
         if lowered.copied_by_wrapper:
-            reason += " (its wrapper returns a copy of a weight's view)"
-        needs_copy = in_target is not True
+            explanation += " (its wrapper returns a copy of a weight's view)"
         record = replace(
             record,
             strides=layout.format_strides(strides),
             contiguous=layout.is_contiguous(shape, strides),
             dense=layout.is_non_overlapping_and_dense(shape, strides),
             in_target_layout=in_target,
-            action=Action.COPY if needs_copy else Action.NONE,
+            action=Action.NONE if in_target is True else Action.COPY,
             reason=reason,
+            explanation=explanation,
         )
-        exact.append(replace(fact, needs_copy=needs_copy, layout=record))
+        exact.append(replace(fact, layout=record))
     return exact

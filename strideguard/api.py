@@ -60,6 +60,21 @@ def _facts(
     return facts, conversion
 
 
+def output_facts(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False) -> list[OutputFacts]:
+    """The facts ``inspect`` reports, with what they were read from: each output's view chain, base and
+    fake value as compiled. For tools that draw or explain outputs (the storage plot)."""
+    program = require_exported_program(program, "inspect")
+    require_flag(exact, "exact", "inspect")
+    if not isinstance(policy, ConversionPolicy):
+        raise TypeError(f"strideguard.inspect: policy must be a ConversionPolicy, got {type(policy).__name__}")
+    dialect = dialect_of(program)
+    accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
+    facts, _ = _facts(program.graph, program.graph_signature, dialect, policy, break_aliases=False, accepts=accepts)
+    if exact:
+        facts = exact_facts(facts, lower_as_compiled(program, policy=policy))
+    return facts
+
+
 def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False) -> LayoutReport:
     """What each user output of ``program`` will look like once compiled with AOTInductor.
 
@@ -73,16 +88,8 @@ def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, 
     (``strideguard.lowering``; about a second for a small program, no code
     is generated or compiled) and every output is decided by it.
     """
-    program = require_exported_program(program, "inspect")
-    require_flag(exact, "exact", "inspect")
-    if not isinstance(policy, ConversionPolicy):
-        raise TypeError(f"strideguard.inspect: policy must be a ConversionPolicy, got {type(policy).__name__}")
-    dialect = dialect_of(program)
-    accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
-    facts, _ = _facts(program.graph, program.graph_signature, dialect, policy, break_aliases=False, accepts=accepts)
-    if exact:
-        facts = exact_facts(facts, lower_as_compiled(program, policy=policy))
-    return report(facts, dialect, source="lowering" if exact else "analysis")
+    facts = output_facts(program, policy=policy, exact=exact)
+    return report(facts, dialect_of(program), source="lowering" if exact else "analysis")
 
 
 def lower_as_compiled(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH) -> Lowering:

@@ -53,7 +53,7 @@ app = typer.Typer(
 )
 
 
-class Target(str, Enum):
+class Platform(str, Enum):
     """What ``fix`` prepares the program for."""
 
     aoti = "aoti"
@@ -142,11 +142,13 @@ def _yes_no(value: Optional[bool]) -> str:
     return {True: "yes", False: "[red]no[/]", None: "[yellow]unknown[/]"}[value]
 
 
+_MARKUP = {"no": "[red]no[/]", "unknown": "[yellow]unknown[/]", "copy": "[yellow]copy[/]"}
+
+
 def _layout_table(title: str, report: LayoutReport) -> Table:
+    """``OutputLayout.cells()``, the one rendering of a record, with colour."""
     table = Table(title=title, title_justify="left")
-    for column in ("#", "name", "shape", "dtype", "strides", "dense", "contiguous"):
-        table.add_column(column, overflow="fold")
-    for column in ("aliases", "cause", "fix"):
+    for column in ("#", "name", "shape", "dtype", "strides", "dense", "contiguous", "aliases", "cause", "fix"):
         table.add_column(column, overflow="fold")
     table.caption = (
         "strides from Inductor's lowering"
@@ -154,29 +156,17 @@ def _layout_table(title: str, report: LayoutReport) -> Table:
         else "strides read off the graph; where Inductor decides, fix copies and --exact asks Inductor"
     )
     for output in report.outputs:
-        mark = "green" if output.ok else "red"
-        if output.kind != "tensor":
-            table.add_row(f"[{mark}]{output.index}[/]", output.name or "-", "-", output.kind, *["-"] * 6)
-            continue
-        table.add_row(
-            f"[{mark}]{output.index}[/]",
-            output.name,
-            str(list(output.shape)),
-            output.dtype,
-            str(list(output.strides)) + (" [yellow](Inductor decides)[/]" if output.in_target_layout is None else ""),
-            _yes_no(output.dense),
-            _yes_no(output.contiguous),
-            ", ".join(map(str, output.aliases)) or "-",
-            output.cause or "-",
-            "[yellow]copy[/]" if output.action is Action.COPY else "-",
-        )
+        cells = output.cells()
+        cells["#"] = f"[{'green' if output.ok else 'red'}]{cells['#']}[/]"
+        cells["strides"] = cells["strides"].replace(" (Inductor decides)", " [yellow](Inductor decides)[/]")
+        table.add_row(*(_MARKUP.get(value, value) if column != "#" else value for column, value in cells.items()))
     return table
 
 
 def _print_layout(console: Console, title: str, report: LayoutReport) -> None:
     console.print(_layout_table(title, report))
     for output in report.copies_needed:
-        console.print(f"  fix copies [{output.index}] {output.name} into dim order {list(output.target_dim_order)}: {output.reason}")
+        console.print(f"  fix copies [{output.index}] {output.name} into dim order {list(output.target_dim_order)}: {output.explanation}")
     strided = [output for output in report.outputs if not output.ok]
     if strided:
         console.print(
@@ -234,13 +224,13 @@ def fix(
         typer.Option("-o", "--output", help="Where to write the fixed program.", show_default=False),
     ],
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
-    target: Annotated[
-        Target,
+    platform: Annotated[
+        Platform,
         typer.Option(
             "--for",
             help="aoti: densify_outputs. executorch: prepare_for_aoti (for a .pt2 file, an ATen program, the same).",
         ),
-    ] = Target.aoti,
+    ] = Platform.aoti,
     break_aliases: Annotated[
         bool, typer.Option("--break-aliases", help="Also copy outputs sharing memory with an input, a weight or another output.")
     ] = False,
@@ -248,7 +238,7 @@ def fix(
     debug: Debug = False,
 ) -> None:
     """Write PROGRAM with one copy per output that would come back strided; PROGRAM is never modified."""
-    transform = densify_outputs if target is Target.aoti else prepare_for_aoti
+    transform = densify_outputs if platform is Platform.aoti else prepare_for_aoti
     with _running("fix", debug):
         check_output_path(output, input_path=program, overwrite=force)
         loaded = load_program(program)
@@ -256,7 +246,7 @@ def fix(
         report = inspect(fixed, exact=exact)
         save_program(fixed, output, input_path=program, overwrite=force)
     console = _stdout()
-    console.print(f"wrote {output} (prepared for {target.value}; {program} unchanged)")
+    console.print(f"wrote {output} (prepared for {platform.value}; {program} unchanged)")
     _print_layout(console, f"{output}: {len(report.outputs)} user outputs ({report.dialect})", report)
     raise typer.Exit(0 if report.ok else 1)
 

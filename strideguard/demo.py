@@ -11,19 +11,16 @@ from .examples import export_policy
 
 
 def _layout_table(title: str, report) -> Table:
+    """The report's own cells (``OutputLayout.cells``), the columns a first look needs."""
     table = Table(title=title)
-    for column in ("output", "shape", "strides", "dense", "aliases", "cause", "action"):
+    columns = ("output", "shape", "strides", "dense", "aliases", "cause", "fix")
+    for column in columns:
         table.add_column(column)
     for o in report.outputs:
-        table.add_row(
-            f"[{o.index}] {o.name}",
-            str(list(o.shape or ())),
-            str(list(o.strides or ())),
-            "[green]yes[/]" if o.ok else "[red]no[/]",
-            ", ".join(map(str, o.aliases)) or "-",
-            o.cause or "-",
-            o.action.value,
-        )
+        cells = o.cells()
+        cells["output"] = f"[{cells['#']}] {cells['name']}"
+        cells["dense"] = "[green]yes[/]" if o.ok else "[red]no[/]"
+        table.add_row(*(cells[column] for column in columns))
     return table
 
 

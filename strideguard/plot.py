@@ -24,8 +24,7 @@ from matplotlib.patches import Patch
 from torch.export import ExportedProgram
 
 from . import layout
-from .analysis import analyze_outputs
-from .program import output_values, user_outputs
+from .api import output_facts
 from .records import Action, LayoutReport, OutputLayout
 
 MAX_COLUMNS = 64
@@ -89,7 +88,7 @@ def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLik
         if storage is None:
             for axis in (before, after):
                 axis.set_axis_off()
-            before.text(0, 0.5, f"output {output.index} ({output.name}): symbolic sizes or strides, not drawn\n{output.reason}")
+            before.text(0, 0.5, f"output {output.index} ({output.name}): symbolic sizes or strides, not drawn\n{output.explanation}")
             continue
         _draw_returned(before, output, storage)
         _draw_dense(after, output, storage)
@@ -106,15 +105,11 @@ def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLik
 
 def _storages(program: ExportedProgram, outputs: Sequence[OutputLayout]) -> dict[int, Optional[_Storage]]:
     wanted = {output.index: output for output in outputs}
-    facts = {fact.output.index: fact for fact in analyze_outputs(program.graph, program.graph_signature)}
-    returned = output_values(program.graph)
     storages = {}
-    for out in user_outputs(program.graph_signature):
-        output = wanted.get(out.index)
-        if output is None:
-            continue
-        value = returned[out.position].meta.get("val")
-        storages[out.index] = _storage(output, value, facts[out.index].chain)
+    for fact in output_facts(program):
+        output = wanted.get(fact.output.index)
+        if output is not None and isinstance(fact.value, torch.Tensor):
+            storages[fact.output.index] = _storage(output, fact.value, fact.chain)
     return storages
 
 

@@ -37,6 +37,40 @@ class Action(str, Enum):
     COPY = "copy"
 
 
+class OutputKind(str, Enum):
+    """What a user output is. A ``str`` enum: ``kind == "tensor"`` reads as it did."""
+
+    TENSOR = "tensor"
+    NONE = "none"
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"
+    SYMINT = "symint"
+    SYMFLOAT = "symfloat"
+    SYMBOOL = "symbool"
+    OTHER = "other"
+
+
+class Reason(str, Enum):
+    """Why an output gets a copy or not; ``OutputLayout.explanation`` says it with the output's numbers."""
+
+    IN_LAYOUT = "in-layout"
+    """Dense in its target layout, as returned."""
+    VIEW_IN_LAYOUT = "view-in-layout"
+    """A view, already in its target layout (whichever way Inductor returns it)."""
+    STRIDED = "strided"
+    """Returned with other strides than its target layout's."""
+    INDUCTOR_DECIDES = "inductor-decides"
+    """Inductor lays it out by a choice the graph does not show; copied (``inspect(exact=True)`` asks it)."""
+    SYMBOLIC = "symbolic"
+    """Its strides are symbolic and cannot be proven those of its target layout; copied."""
+    CONTROL_FLOW = "control-flow"
+    """An output of control flow, whose compiled layout is not decided; copied."""
+    SHARES_MEMORY = "shares-memory"
+    """With ``break_aliases``: shares memory with an input, a weight or an earlier output; copied."""
+    NOT_A_TENSOR = "not-a-tensor"
+
+
 @dataclass(frozen=True)
 class OutputLayout:
     """One user output of a method, as the compiled method will return it.
@@ -44,40 +78,69 @@ class OutputLayout:
     ``strides`` are those AOTInductor returns for this output (for an Edge
     program: after its AOTI backend turns view copies into views);
     ``target_dim_order`` is the layout it must come back in (contiguous for an
-    ATen program, the promised dim order for an Edge program). ``action`` is
-    what ``densify_outputs``/``prepare_for_aoti`` insert for it, ``reason`` why.
+    ATen program, the promised dim order for an Edge program);
+    ``in_target_layout`` whether it does (``None``: not decided, and copied).
+    ``action`` is what ``densify_outputs``/``prepare_for_aoti`` insert for it,
+    ``reason`` why, and ``explanation`` the same in words, with its numbers.
+    Fields after ``kind`` are ``None`` for an output that is not a tensor.
     """
 
     index: int
     name: Optional[str]
-    kind: str
-    shape: Optional[tuple]
-    dtype: Optional[str]
-    strides: Optional[tuple]
-    contiguous: Optional[bool]
-    dense: Optional[bool]
-    target_dim_order: Optional[tuple]
-    in_target_layout: Optional[bool]
-    aliases: tuple[Alias, ...]
-    view_of: Optional[str]
-    cause: Optional[str]
-    action: Action
-    reason: str
+    kind: OutputKind
+    action: Action = Action.NONE
+    reason: Reason = Reason.NOT_A_TENSOR
+    explanation: str = "not a tensor"
+    shape: Optional[tuple] = None
+    dtype: Optional[str] = None
+    strides: Optional[tuple] = None
+    contiguous: Optional[bool] = None
+    dense: Optional[bool] = None
+    target_dim_order: Optional[tuple] = None
+    in_target_layout: Optional[bool] = None
+    aliases: tuple[Alias, ...] = ()
+    view_of: Optional[str] = None
+    cause: Optional[str] = None
 
     @property
     def ok(self) -> bool:
         """Comes back dense in its target layout (non-tensor outputs always do)."""
-        return self.kind != "tensor" or self.in_target_layout is True
+        return self.kind is not OutputKind.TENSOR or self.in_target_layout is True
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["kind"] = self.kind.value
         data["aliases"] = [str(a) for a in self.aliases]
         data["action"] = self.action.value
+        data["reason"] = self.reason.value
         data["shape"] = list(self.shape) if self.shape is not None else None
         data["strides"] = list(self.strides) if self.strides is not None else None
         data["target_dim_order"] = list(self.target_dim_order) if self.target_dim_order is not None else None
         data["ok"] = self.ok
         return data
+
+    def cells(self) -> dict[str, str]:
+        """The output as the command line, the demo and ``str(report)`` show it: one rendering, by column."""
+        if self.kind is not OutputKind.TENSOR:
+            return {"#": str(self.index), "name": self.name or "-", "shape": "-", "dtype": self.kind.value,
+                    "strides": "-", "dense": "-", "contiguous": "-", "aliases": "-", "cause": "-", "fix": "-"}
+        decides = " (Inductor decides)" if self.in_target_layout is None else ""
+        return {
+            "#": str(self.index),
+            "name": self.name or "-",
+            "shape": str(list(self.shape)),
+            "dtype": self.dtype or "-",
+            "strides": f"{list(self.strides)}{decides}",
+            "dense": _yes_no(self.dense),
+            "contiguous": _yes_no(self.contiguous),
+            "aliases": ", ".join(map(str, self.aliases)) or "-",
+            "cause": self.cause or "-",
+            "fix": "copy" if self.action is Action.COPY else "-",
+        }
+
+
+def _yes_no(value: Optional[bool]) -> str:
+    return {True: "yes", False: "no", None: "unknown"}[value]
 
 
 @dataclass(frozen=True)
@@ -111,15 +174,16 @@ class LayoutReport:
     def __str__(self) -> str:
         lines = [f"{'ok' if self.ok else 'NOT OK'}: {len(self.outputs)} user outputs ({self.dialect})"]
         for o in self.outputs:
-            if o.kind != "tensor":
-                lines.append(f"  [{o.index}] {o.name or o.kind}: {o.kind}")
+            c = o.cells()
+            if o.kind is not OutputKind.TENSOR:
+                lines.append(f"  [{c['#']}] {c['name']}: {c['dtype']}")
                 continue
+            alias = f", aliases {c['aliases']}" if o.aliases else ""
+            cause = f", {c['cause']}" if o.cause else ""
             mark = "dense" if o.ok else "STRIDED"
-            alias = f", aliases {', '.join(map(str, o.aliases))}" if o.aliases else ""
-            cause = f", {o.cause}" if o.cause else ""
             lines.append(
-                f"  [{o.index}] {o.name}: {list(o.shape)} {o.dtype} strides {list(o.strides)} {mark}"
-                f"{cause}{alias} -> {o.action.value}"
+                f"  [{c['#']}] {c['name']}: {c['shape']} {c['dtype']} strides {c['strides']} {mark}{cause}{alias} "
+                f"-> {o.action.value} ({o.reason.value})"
             )
         return "\n".join(lines)
 

@@ -772,7 +772,7 @@ def user_output_nodes(program: ExportedProgram) -> list[Any]:
 
 def _describe(report, index: int) -> str:
     record = report.outputs[index]
-    return f"output {index} ({record.name}: {record.cause or record.reason}, planned {record.action.value})"
+    return f"output {index} ({record.name}: {record.cause or record.explanation}, planned {record.action.value})"
 
 
 def check_is_sound_rewrite(original: ExportedProgram, result: ExportedProgram, before: tuple) -> None:
@@ -868,7 +868,7 @@ def prepare_for_aoti_problems(edge: ExportedProgram, input_sets: Sequence[tuple]
     for index in sorted(copied ^ planned):
         problems.append((index, f"{dialect.value}: {_describe(plan, index)}: "
                                 f"{'copied but not planned' if index in copied else 'planned but not copied'}"))
-    problems += [(o.index, f"{dialect.value}: after prepare_for_aoti: {o.reason}") for o in after.outputs if not o.ok]
+    problems += [(o.index, f"{dialect.value}: after prepare_for_aoti: {o.explanation}") for o in after.outputs if not o.ok]
     for inputs in input_sets:
         expected, got = run(edge, inputs), run(prepared, inputs)
         for index, (want, have) in enumerate(zip(expected, got)):
@@ -1074,7 +1074,7 @@ def _check_batch(specs: list[ProgramSpec], untouched: _Untouched) -> Sample:
             order = record.target_dim_order
             needed = layout.has_layout(lowered.shape, lowered.strides, order) is not True
             copied = record.action is Action.COPY
-            where = f"{path}: {record.name} ({record.cause or record.reason})"
+            where = f"{path}: {record.name} ({record.cause or record.explanation})"
             if record.in_target_layout is None:
                 if not copied:
                     problem(index, f"{where}: undecided but not copied")

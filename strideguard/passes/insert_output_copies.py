@@ -47,12 +47,12 @@ def insert_output_copies(
     dialect: Dialect,
     value: Callable[[Node], Any],
 ) -> list[Node]:
-    """Copy each output whose facts say ``needs_copy`` and return the copy instead; returns the new nodes."""
+    """Copy each output whose facts say ``Action.COPY`` and return the copy instead; returns the new nodes."""
     output_node = graph.output_node()
     returned = list(output_node.args[0])
     inserted = []
     for fact in facts:
-        if fact.needs_copy:
+        if fact.copied:
             copy = insert_copy(graph, returned[fact.output.position], dialect, fact.target_order, value)
             returned[fact.output.position] = copy
             inserted.append(copy)

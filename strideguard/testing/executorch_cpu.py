@@ -78,7 +78,16 @@ class StrideguardCpuAotiBackend(AotiBackend, BackendDetails):
 
     @classmethod
     def get_decomposition_table(cls) -> dict[Any, Any]:
-        return {}
+        """Attention written out as matmuls and a softmax: Inductor's CPU flash-attention kernel has no C
+        shim (the CUDA backend swaps in a kernel of its own instead)."""
+        from torch._decomp import core_aten_decompositions
+
+        table = core_aten_decompositions()
+        attention = (
+            torch.ops.aten.scaled_dot_product_attention.default,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+        )
+        return {op: table[op] for op in attention if op in table}
 
     @classmethod
     def get_aoti_compile_options(
