@@ -9,8 +9,8 @@ STAMP := $(VENV)/.strideguard-installed
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[executorch,dev,zoo]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q --upgrade pip
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q -c constraints.txt -e '.[executorch,dev,zoo,plot]'
 	touch $(STAMP)
 
 demo: $(STAMP)

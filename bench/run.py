@@ -108,43 +108,53 @@ def policy_call_time(calls: int, rounds: int) -> dict:
 
 
 def executorch_pass_cost(sizes: list[int]) -> list[dict]:
+    """strideguard's passes beside ExecuTorch's ``ReplaceViewCopyWithViewPass``, on the Edge programs an AOTI
+    backend gets, each called as ``AotiBackend.preprocess`` calls it: ExecuTorch's on the graph module, the
+    drop-in on the program (it sets ``requires_exported_program``). Two kinds of graph: ``bench/synthetic.py``'s
+    blocks, and view-heavy blocks that slice, select, expand and unsqueeze."""
     from executorch.backends.aoti.passes.replace_view_copy_with_view import (
         ReplaceViewCopyWithViewPass as ExecuTorchPass,
     )
-    from executorch.exir import to_edge
 
+    from bench.synthetic import export_view_heavy
     from strideguard.executorch import ReplaceViewCopyWithViewPass as StrideguardPass
+    from strideguard.testing.executorch_cpu import aoti_edge_program
+
+    def fresh(edge):
+        program = copy.copy(edge)
+        program._graph_module = copy.deepcopy(edge.graph_module)
+        return program
+
+    def timed(function, arguments):
+        times = []
+        for argument in arguments:
+            gc.collect()
+            started = time.perf_counter()
+            function(argument)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
 
     rows = []
-    for size in sizes:
-        edge = to_edge(export_blocks(size)).exported_program()
-        nodes = len(edge.graph.nodes)
-        repeats = 5 if nodes < 20000 else 3
-
-        def in_place(pass_):
-            modules = [copy.deepcopy(edge.graph_module) for _ in range(repeats)]
-            times = []
-            for module in modules:
-                gc.collect()
-                started = time.perf_counter()
-                pass_(module)
-                times.append(time.perf_counter() - started)
-            return statistics.median(times)
-
-        strideguard.prepare_for_aoti(edge)
-        executorch_seconds = in_place(ExecuTorchPass())
-        dropin_seconds = in_place(StrideguardPass())
-        prepare_seconds = median_seconds(lambda: strideguard.prepare_for_aoti(edge), repeats)
-        rows.append({
-            "nodes": nodes,
-            "executorch_pass_us_per_node": executorch_seconds / nodes * 1e6,
-            "strideguard_pass_us_per_node": dropin_seconds / nodes * 1e6,
-            "prepare_for_aoti_us_per_node": prepare_seconds / nodes * 1e6,
-            "strideguard_pass_over_executorch": dropin_seconds / executorch_seconds,
-            "prepare_for_aoti_over_executorch": prepare_seconds / executorch_seconds,
-            "prepare_for_aoti_peak_python_mib": peak_bytes(lambda: strideguard.prepare_for_aoti(edge)) / 2**20,
-        })
-        print(f"edge {nodes} nodes: {rows[-1]}", flush=True)
+    for graphs, export in (("blocks", export_blocks), ("view-heavy", export_view_heavy)):
+        for size in sizes:
+            edge = aoti_edge_program(export(size))
+            nodes = len(edge.graph.nodes)
+            repeats = 5 if nodes < 20000 else 3
+            StrideguardPass()(fresh(edge))  # warm: first calls import and trace once
+            executorch_seconds = timed(ExecuTorchPass(), [copy.deepcopy(edge.graph_module) for _ in range(repeats)])
+            dropin_seconds = timed(StrideguardPass(), [fresh(edge) for _ in range(repeats)])
+            prepare_seconds = timed(lambda _: strideguard.prepare_for_aoti(edge), range(repeats))
+            rows.append({
+                "graphs": graphs,
+                "nodes": nodes,
+                "executorch_pass_us_per_node": executorch_seconds / nodes * 1e6,
+                "strideguard_pass_us_per_node": dropin_seconds / nodes * 1e6,
+                "prepare_for_aoti_us_per_node": prepare_seconds / nodes * 1e6,
+                "strideguard_pass_over_executorch": dropin_seconds / executorch_seconds,
+                "prepare_for_aoti_over_executorch": prepare_seconds / executorch_seconds,
+                "prepare_for_aoti_peak_python_mib": peak_bytes(lambda: strideguard.prepare_for_aoti(edge)) / 2**20,
+            })
+            print(f"edge {graphs} {nodes} nodes: {rows[-1]}", flush=True)
     return rows
 
 
@@ -174,12 +184,12 @@ def summary(core: dict, executorch: list[dict]) -> str:
     if executorch:
         lines += [
             "",
-            "| Edge nodes | ExecuTorch's ReplaceViewCopyWithViewPass | strideguard's drop-in | ratio | prepare_for_aoti (copying) | ratio |",
-            "| ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| graphs | Edge nodes | ExecuTorch's ReplaceViewCopyWithViewPass | strideguard's drop-in | ratio | prepare_for_aoti (copying) | ratio |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for row in executorch:
             lines.append(
-                f"| {row['nodes']:,} | {row['executorch_pass_us_per_node']:.1f} us/node | {row['strideguard_pass_us_per_node']:.1f} us/node"
+                f"| {row['graphs']} | {row['nodes']:,} | {row['executorch_pass_us_per_node']:.1f} us/node | {row['strideguard_pass_us_per_node']:.1f} us/node"
                 f" | {row['strideguard_pass_over_executorch']:.2f} | {row['prepare_for_aoti_us_per_node']:.1f} us/node"
                 f" | {row['prepare_for_aoti_over_executorch']:.2f} |"
             )
@@ -189,7 +199,7 @@ def summary(core: dict, executorch: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1000,10000,50000", help="ATen graph sizes, in nodes")
-    parser.add_argument("--edge-sizes", default="500,5000,50000", help="Edge graph sizes, in nodes")
+    parser.add_argument("--edge-sizes", default="500,2000,10000,50000", help="Edge graph sizes, in nodes")
     parser.add_argument("--calls", type=int, default=2000, help="compiled calls per round")
     parser.add_argument("--rounds", type=int, default=7)
     arguments = parser.parse_args()

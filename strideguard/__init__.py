@@ -6,7 +6,7 @@ compilation with the cheapest copies; ``verify`` compiles, runs and proves it.
 """
 
 from .api import densify_outputs, inspect, prepare_for_aoti
-from .passes.view_copies_to_views import EXECUTORCH, NO_CONVERSION, STRIDEGUARD, ConversionPolicy
+from .plan import EXECUTORCH, NO_CONVERSION, STRIDEGUARD, ConversionPolicy
 from .records import (
     Action,
     Alias,

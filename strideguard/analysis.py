@@ -13,6 +13,7 @@ agrees with the tracer rather than with op names.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
@@ -24,7 +25,7 @@ from torch.fx import Node
 
 from . import inductor, layout
 from .fake_values import call_on_fake_values, storage_key
-from .dialect import Dialect, aten_op, is_higher_order, is_view_op
+from .dialect import Dialect, aten_op, is_higher_order, is_view_op, op_name
 from .program import UserOutput, output_values, placeholder_roles, user_outputs
 from .records import Action, Alias, AliasKind, LayoutReport, OutputKind, OutputLayout, Reason
 
@@ -34,11 +35,11 @@ if TYPE_CHECKING:
 Values = Callable[[Node], Any]
 """The fake value a node will have in the compiled program."""
 
-Targets = Callable[[Node], Any]
+Ops = Callable[[Node], Any]
 """The op a node will run in the compiled program (an Edge view copy may become a view)."""
 
 
-def own_target(node: Node) -> Any:
+def own_op(node: Node) -> Any:
     return node.target
 
 
@@ -46,15 +47,15 @@ def meta_value(node: Node) -> Any:
     return node.meta.get("val")
 
 
-def view_source(node: Node, values: Values, target_of: Targets = own_target) -> Optional[Node]:
+def view_source(node: Node, values: Values, op_of: Ops = own_op) -> Optional[Node]:
     """The node ``node`` is a view of, or ``None`` when ``node`` owns its memory."""
     if node.op != "call_function" or not node.args or not isinstance(node.args[0], Node):
         return None
     source = node.args[0]
     if node.target is operator.getitem:
-        if source.op != "call_function" or not is_view_op(target_of(source)):
+        if source.op != "call_function" or not is_view_op(op_of(source)):
             return None
-    elif not is_view_op(target_of(node)):
+    elif not is_view_op(op_of(node)):
         return None
     key = storage_key(values(node))
     if key is None:
@@ -80,13 +81,16 @@ class OutputFacts:
     def copied(self) -> bool:
         return self.layout.action is Action.COPY
 
+    def uncopied(self) -> "OutputFacts":
+        """The same facts, with no copy inserted for it (a runtime that copies every output anyway)."""
+        return replace(self, layout=replace(self.layout, action=Action.NONE))
 
-def _describe_view(node: Node, target_of: Targets) -> str:
+
+def _describe_view(node: Node, op_of: Ops) -> str:
     """A view op in words, e.g. ``slice(dim=2, 0:14)``."""
     if node.target is operator.getitem:
         return f"chunk {node.args[1]}"
-    op = aten_op(target_of(node))
-    name = op._schema.name.split("::")[-1] if hasattr(op, "_schema") else str(node.target)
+    name = op_name(op_of(node)) or str(node.target)
     args = [a.name if isinstance(a, Node) else a for a in node.args[1:]]
     if name == "slice":
         dim, start, end, step = (list(args) + [0, None, None, 1][len(args):])[:4]
@@ -103,15 +107,12 @@ def _describe_view(node: Node, target_of: Targets) -> str:
     return f"{name}({rendered})"
 
 
-def _source_name(node: Node, roles: Mapping[str, Alias], target_of: Targets) -> str:
+def _source_name(node: Node, roles: Mapping[str, Alias], op_of: Ops) -> str:
     if node.op == "placeholder":
         role = roles.get(node.name)
         return str(role) if role else node.name
     if node.op == "call_function":
-        op = aten_op(target_of(node))
-        if hasattr(op, "_schema"):
-            return op._schema.name.split("::")[-1]
-        return getattr(node.target, "__name__", str(node.target))
+        return op_name(op_of(node)) or getattr(node.target, "__name__", str(node.target))
     return node.name
 
 
@@ -136,7 +137,7 @@ def analyze_outputs(
     signature: ExportGraphSignature,
     *,
     values: Values = meta_value,
-    target_of: Targets = own_target,
+    op_of: Ops = own_op,
     target_orders: Optional[Mapping[int, tuple[int, ...]]] = None,
     relaid: frozenset = frozenset(),
     break_aliases: bool = False,
@@ -172,7 +173,7 @@ def analyze_outputs(
         target_order = (target_orders or {}).get(out.index)
         facts.append(
             _facts_for(
-                out, value, values, target_of, roles, memory_owners, output_keys, target_order, returned_nodes, relaid
+                out, value, values, op_of, roles, memory_owners, output_keys, target_order, returned_nodes, relaid
             )
         )
     if break_aliases:
@@ -238,7 +239,7 @@ def _compiled_layout(
     base: Node,
     base_role: Optional[Alias],
     values: Values,
-    target_of: Targets,
+    op_of: Ops,
     returned: set,
     relaid: set,
 ) -> _Compiled:
@@ -278,20 +279,19 @@ def _compiled_layout(
     if base.op != "call_function":
         return _Compiled(tuple(tensor.stride()), undecided=f"a {base.op} node")
     if base in relaid:
-        name = _source_name(base, {}, target_of)
+        name = _source_name(base, {}, op_of)
         return _Compiled(
             tuple(tensor.stride()),
             undecided=f"{name} reads a view that now has other strides, so Inductor lays it out afresh",
             unknown=True,
         )
-    decomposition = _decomposed(base, values, target_of)
+    decomposition = _decomposed(base, values, op_of)
     if not chain:
-        value = decomposition.value if decomposition is not None else tensor
-        return _Compiled(tuple(value.stride()))
+        return _Compiled(decomposition.strides if decomposition is not None else tuple(tensor.stride()))
     strides = tuple(tensor.stride())
-    if decomposition is not None and not layout.same_sizes(decomposition.value.stride(), values(base).stride()):
-        strides = _replayed_over(chain, base, decomposition.value, values, target_of)
-    producer = decomposition.producer if decomposition is not None else aten_op(target_of(base))
+    if decomposition is not None and not layout.same_sizes(decomposition.strides, values(base).stride()):
+        strides = _replayed_over(chain, base, _restrided(values(base), decomposition.strides), values, op_of)
+    producer = decomposition.producer if decomposition is not None else aten_op(op_of(base))
     if base not in returned and not inductor.lowers_to_kernel_output(producer):
         name = getattr(producer, "__name__", str(producer))
         return _Compiled(
@@ -302,16 +302,24 @@ def _compiled_layout(
     return _Compiled(strides)
 
 
-def _decomposed(node: Node, values: Values, target_of: Targets) -> Optional[inductor.Decomposed]:
+def _decomposed(node: Node, values: Values, op_of: Ops) -> Optional[inductor.Decomposed]:
     """``node``'s value and producing op after Inductor's decompositions, when it has any to apply."""
-    op = aten_op(target_of(node))
+    op = aten_op(op_of(node))
     if not isinstance(op, torch._ops.OpOverload) or not inductor.decomposes(op):
         return None
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values)
     return inductor.decomposed(op, args, kwargs)
 
 
-def _replayed_over(chain: list[Node], base: Node, base_value: torch.Tensor, values: Values, target_of: Targets) -> tuple:
+def _restrided(value: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """A fake tensor like ``value`` with other strides (the base as Inductor's decompositions lay it out)."""
+    from torch._guards import detect_fake_mode
+
+    with detect_fake_mode([value]) or contextlib.nullcontext():
+        return torch.empty_strided(value.shape, strides, dtype=value.dtype, device=value.device)
+
+
+def _replayed_over(chain: list[Node], base: Node, base_value: torch.Tensor, values: Values, op_of: Ops) -> tuple:
     """The strides of the view chain replayed over another value of its base."""
     replaced = {base: base_value}
 
@@ -322,11 +330,11 @@ def _replayed_over(chain: list[Node], base: Node, base_value: torch.Tensor, valu
         if node.target is operator.getitem:
             replaced[node] = value(node.args[0])[node.args[1]]
         else:
-            replaced[node] = call_on_fake_values(aten_op(target_of(node)), node, value)
+            replaced[node] = call_on_fake_values(aten_op(op_of(node)), node, value)
     return tuple(replaced[chain[0]].stride())
 
 
-def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys, target_order, returned, relaid):
+def _facts_for(out, value, values, op_of, roles, memory_owners, output_keys, target_order, returned, relaid):
     node = value if isinstance(value, Node) else None
     tensor = values(node) if node is not None else None
     if not isinstance(tensor, torch.Tensor):
@@ -334,7 +342,7 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
 
     chain = []
     base = node
-    while (source := view_source(base, values, target_of)) is not None:
+    while (source := view_source(base, values, op_of)) is not None:
         chain.append(base)
         base = source
     base_role = roles.get(base.name) if base.op == "placeholder" else None
@@ -342,7 +350,7 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
     shape = tuple(tensor.shape)
     if target_order is None:
         target_order = layout.identity_order(tensor.dim())
-    compiled = _compiled_layout(tensor, chain, base, base_role, values, target_of, returned, relaid)
+    compiled = _compiled_layout(tensor, chain, base, base_role, values, op_of, returned, relaid)
     strides = compiled.strides
 
     contiguous = layout.is_contiguous(shape, strides)
@@ -355,9 +363,9 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
 
     cause = None
     if chain:
-        cause = " of ".join(_describe_view(n, target_of) for n in chain) + f" of {_source_name(base, roles, target_of)}"
+        cause = " of ".join(_describe_view(n, op_of) for n in chain) + f" of {_source_name(base, roles, op_of)}"
     elif in_target is not True:
-        cause = f"produced with strides {list(layout.format_strides(strides))} by {_source_name(base, roles, target_of)}"
+        cause = f"produced with strides {list(layout.format_strides(strides))} by {_source_name(base, roles, op_of)}"
 
     in_target, reason, explanation = _verdict(compiled, base, chain, shape, strides, target_order, in_target)
     record = OutputLayout(
@@ -375,7 +383,7 @@ def _facts_for(out, value, values, target_of, roles, memory_owners, output_keys,
         target_dim_order=tuple(target_order),
         in_target_layout=in_target,
         aliases=tuple(aliases),
-        view_of=_source_name(base, roles, target_of) if chain else None,
+        view_of=_source_name(base, roles, op_of) if chain else None,
         cause=cause,
     )
     return OutputFacts(out, node, tuple(chain), base, tuple(target_order), record, tensor)

@@ -1,63 +1,15 @@
-"""The public entry points: inspect, densify_outputs, prepare_for_aoti."""
+"""The public entry points: inspect, densify_outputs, prepare_for_aoti. The engine is ``rewrite``."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from typing import Any, Callable, Optional
-
-import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature
 
-from .analysis import OutputFacts, analyze_outputs, break_shared_memory, exact_facts, report
-from .dialect import Dialect, dialect_of, promised_dim_order, verifier_accepts
-from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
-from .passes.insert_output_copies import insert_output_copies
-from .passes.view_copies_to_views import (
-    EXECUTORCH,
-    NO_CONVERSION,
-    STRIDEGUARD,
-    ConversionPolicy,
-    ViewConversion,
-    plan_view_conversion,
-)
-from .lowering import Lowering, executorch_view_pass, lower_edge_outputs, lower_outputs
-from .program import copy_graph, rebuild, require_exported_program, require_flag, user_outputs
+from .analysis import OutputFacts, report
+from .dialect import dialect_of
+from .plan import EXECUTORCH, STRIDEGUARD, ConversionPolicy
+from .program import require_exported_program, require_flag
 from .records import LayoutReport
-
-
-def _facts(
-    graph,
-    signature,
-    dialect: Dialect,
-    policy: Optional[ConversionPolicy],
-    *,
-    break_aliases: bool,
-    accepts: Optional[Callable[[Any], bool]] = None,
-) -> tuple[list[OutputFacts], ViewConversion]:
-    if not dialect.is_edge:
-        # Views are views already; replaying them also restores the storage sharing
-        # that a program loaded with torch.export.load has lost.
-        replay = ViewConversion(graph, NO_CONVERSION)
-        return analyze_outputs(graph, signature, values=replay.value, break_aliases=break_aliases), replay
-    conversion = plan_view_conversion(graph, policy, accepts=accepts)
-    returned = list(graph.output_node().args[0])
-    target_orders = {
-        out.index: promised_dim_order(returned[out.position])
-        for out in user_outputs(signature)
-        if hasattr(returned[out.position], "meta") and hasattr(returned[out.position].meta.get("val"), "stride")
-    }
-    facts = analyze_outputs(
-        graph,
-        signature,
-        values=conversion.value,
-        target_of=conversion.target_of,
-        target_orders=target_orders,
-        relaid=conversion.relaid(),
-        break_aliases=break_aliases,
-    )
-    return facts, conversion
+from .rewrite import lower_as_compiled, program_plan, transformed
 
 
 def output_facts(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False) -> list[OutputFacts]:
@@ -67,12 +19,8 @@ def output_facts(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTO
     require_flag(exact, "exact", "inspect")
     if not isinstance(policy, ConversionPolicy):
         raise TypeError(f"strideguard.inspect: policy must be a ConversionPolicy, got {type(policy).__name__}")
-    dialect = dialect_of(program)
-    accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
-    facts, _ = _facts(program.graph, program.graph_signature, dialect, policy, break_aliases=False, accepts=accepts)
-    if exact:
-        facts = exact_facts(facts, lower_as_compiled(program, policy=policy))
-    return facts
+    lowering = lower_as_compiled(program, policy=policy) if exact else None
+    return list(program_plan(program, policy, lowering=lowering).outputs)
 
 
 def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False) -> LayoutReport:
@@ -92,89 +40,6 @@ def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, 
     return report(facts, dialect_of(program), source="lowering" if exact else "analysis")
 
 
-def lower_as_compiled(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH) -> Lowering:
-    """Inductor's lowering of ``program`` as the AOTI path compiles it: an ATen program as it is; an Edge
-    program with its view copies converted under ``policy`` and then by the installed ExecuTorch's own
-    pass, which its AOTI backend always runs."""
-    if not dialect_of(program).is_edge:
-        return lower_outputs(program)
-    if policy is EXECUTORCH:
-        return lower_edge_outputs(program)
-    if policy is NO_CONVERSION:
-        return lower_edge_outputs(program, convert_views=lambda graph_module: None)
-
-    accepts = verifier_accepts(program) if policy.careful else None
-
-    def convert_then_executorch(graph_module):
-        plan_view_conversion(graph_module.graph, policy, accepts=accepts).apply()
-        executorch_view_pass()(graph_module)
-
-    return lower_edge_outputs(program, convert_views=convert_then_executorch)
-
-
-def rewrite_graph(
-    graph: torch.fx.Graph,
-    signature: ExportGraphSignature,
-    dialect: Dialect,
-    *,
-    policy: ConversionPolicy,
-    convert: bool,
-    break_aliases: bool = False,
-    copy_outputs: bool = True,
-    update_values: bool = True,
-    lowering: Optional[Lowering] = None,
-    accepts: Optional[Callable[[Any], bool]] = None,
-) -> int:
-    """Rewrite ``graph`` in place: convert views (Edge, when ``convert``), copy outputs, retarget
-    ``detach_copy``. Returns how many nodes were added or retargeted.
-
-    ``update_values=False`` keeps converted nodes' old fake values (see ``ViewConversion.apply``).
-    With ``lowering`` (Inductor's lowering of the graph as converted), copies follow it rather than the analysis.
-    """
-    facts, conversion = _facts(
-        graph, signature, dialect, policy, break_aliases=break_aliases and lowering is None, accepts=accepts
-    )
-    if lowering is not None:
-        facts = exact_facts(facts, lowering)
-        if break_aliases:
-            facts = break_shared_memory(facts)
-    changed = conversion.apply(update_values=update_values) if convert else 0
-    if copy_outputs:
-        changed += len(insert_output_copies(graph, facts, dialect, conversion.value))
-    if dialect.is_edge:
-        changed += detach_copy_to_alias_copy(graph)
-    return changed
-
-
-@contextlib.contextmanager
-def without_garbage_collection():
-    """Hold the cyclic garbage collector off while a graph is copied and rewritten.
-
-    Copying a graph allocates several objects per node; on a 50,000-node graph
-    the collector's full passes over them cost more than the work itself
-    (28 against 12 us per node, measured). Nothing a pass creates needs
-    collecting before it ends.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def transformed(program: ExportedProgram, **options) -> tuple[ExportedProgram, int]:
-    """A rewritten copy of ``program`` (see ``rewrite_graph``) and how many nodes changed."""
-    dialect = dialect_of(program)
-    if dialect.is_edge and options.get("convert"):
-        options.setdefault("accepts", verifier_accepts(program))
-    with without_garbage_collection():
-        graph = copy_graph(program)
-        changed = rewrite_graph(graph, program.graph_signature, dialect, **options)
-        return rebuild(program, graph), changed
-
-
 def densify_outputs(program: ExportedProgram, *, break_aliases: bool = False, exact: bool = False) -> ExportedProgram:
     """A new program whose every user output comes back dense in its target layout.
 
@@ -191,11 +56,8 @@ def densify_outputs(program: ExportedProgram, *, break_aliases: bool = False, ex
     program = require_exported_program(program, "densify_outputs")
     require_flag(break_aliases, "break_aliases", "densify_outputs")
     require_flag(exact, "exact", "densify_outputs")
-    dialect = dialect_of(program)
     lowering = lower_as_compiled(program) if exact else None
-    return transformed(
-        program, policy=EXECUTORCH, convert=False, break_aliases=break_aliases, lowering=lowering
-    )[0]
+    return transformed(program, EXECUTORCH, break_aliases=break_aliases, lowering=lowering)[0]
 
 
 def prepare_for_aoti(
@@ -219,10 +81,5 @@ def prepare_for_aoti(
         return densify_outputs(program, break_aliases=break_aliases, exact=exact)
     lowering = lower_as_compiled(program, policy=STRIDEGUARD) if exact and copy_outputs else None
     return transformed(
-        program,
-        policy=STRIDEGUARD,
-        convert=True,
-        break_aliases=break_aliases,
-        copy_outputs=copy_outputs,
-        lowering=lowering,
+        program, STRIDEGUARD, break_aliases=break_aliases, copy_outputs=copy_outputs, lowering=lowering, update_values=False
     )[0]

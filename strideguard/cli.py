@@ -210,7 +210,10 @@ def inspect_command(
 
 def _write_plot(loaded, report: LayoutReport, plot: str, program: Path, force: bool) -> None:
     """The picture goes through the same careful write as a fixed program: never over the input or another file."""
-    from .plot import plot_copies  # matplotlib loads only when a picture is asked for
+    try:
+        from .plot import plot_copies  # matplotlib loads only when a picture is asked for
+    except ModuleNotFoundError as missing:
+        raise ProgramFileError(plot, f"--plot needs {missing.name}: pip install 'strideguard[plot]'") from None
 
     title = f"strideguard inspect {program.name}"
     write_output(plot, lambda file: plot_copies(loaded, report, file, title=title), input_path=program, overwrite=force)
@@ -334,11 +337,15 @@ def _print_verify(console: Console, program: Path, measured: VerifyReport) -> No
 
 
 @app.command()
-def demo() -> None:
+def demo(debug: Debug = False) -> None:
     """Export the bundled policy head, inspect it, fix it, compile and run both."""
     from .demo import run_demo
 
-    raise typer.Exit(0 if run_demo() else 1)
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.simplefilter("ignore")  # torch's own deprecation notices are not the demo's story
+        held = run_demo(_stdout())
+    raise typer.Exit(0 if held else 1)
 
 
 def main(arguments: Optional[list[str]] = None) -> None:

@@ -64,7 +64,7 @@ class OutputVerdict:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     promised_strides: tuple[int, ...]
-    as_promised: bool
+    in_target_layout: bool
     """A plain device copy of its bytes lands in the ETensor correctly."""
 
 
@@ -84,12 +84,12 @@ def check_output(index: int, value: torch.Tensor, dim_order: DimOrder, *, exact:
         raise ValueError(f"output {index}: dim order {tuple(dim_order)} does not fit its {len(shape)} dimensions")
     promised = tuple(layout.strides_for_order(shape, dim_order))
     if value.numel() == 0:
-        as_promised = True
+        in_target_layout = True
     elif exact:
-        as_promised = layout.has_layout(shape, value.stride(), dim_order) is True
+        in_target_layout = layout.has_layout(shape, value.stride(), dim_order) is True
     else:
-        as_promised = layout.is_dense_in_order(shape, value.stride(), dim_order) is True
-    return OutputVerdict(index, shape, tuple(value.stride()), promised, as_promised)
+        in_target_layout = layout.is_dense_in_order(shape, value.stride(), dim_order) is True
+    return OutputVerdict(index, shape, tuple(value.stride()), promised, in_target_layout)
 
 
 class GraphPolicy:
@@ -120,7 +120,7 @@ class GraphPolicy:
         self.calls += 1
         if self.disabled_reason is not None:
             return None
-        strided = next((v for v in verdicts if not v.as_promised), None)
+        strided = next((v for v in verdicts if not v.in_target_layout), None)
         if strided is not None:
             self.captured = False
             self.disabled_reason = disabled_message(self.method, strided.index)
@@ -366,7 +366,7 @@ class GraphedMethod:
                     f"'{self.method}' output {verdict.index} is {list(out.shape)} {out.dtype}, "
                     f"its ETensor {list(etensor.shape)} {etensor.dtype}"
                 )
-            if verdict.as_promised:
+            if verdict.in_target_layout:
                 etensor.copy_(out)
                 self.stats.device_copies += 1
             else:

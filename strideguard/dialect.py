@@ -118,6 +118,22 @@ def is_edge_op(target: Any) -> bool:
     return type(target).__name__ == "EdgeOpOverload"
 
 
+@lru_cache(maxsize=None)
+def op_key(target: Any) -> Optional[str]:
+    """``namespace::name.overload`` of the ATen op behind a target, the same for its Edge form."""
+    op = aten_op(target)
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+def op_name(target: Any) -> Optional[str]:
+    """The op's name without namespace or overload (``slice`` for ``aten::slice_copy.Tensor``'s view)."""
+    op = aten_op(target)
+    schema = getattr(op, "_schema", None)
+    return schema.name.split("::")[-1] if schema is not None else None
+
+
 def aten_op(target: Any) -> Any:
     """The ATen ``OpOverload`` behind a target (Edge ops wrap one)."""
     return getattr(target, "_op", target) if is_edge_op(target) else target
@@ -139,7 +155,7 @@ def view_twin(target: Any) -> Optional[Any]:
     op = aten_op(target)
     if not isinstance(op, torch._ops.OpOverload):
         return None
-    base, overload = op._schema.name.split("::")[-1], op._overloadname
+    base, overload = op_name(op), op._overloadname
     if not base.endswith("_copy") or op.namespace != "aten":
         return None
     view_name = base[: -len("_copy")]

@@ -16,7 +16,7 @@ user's pass cannot reach. Three ways in, none patching ExecuTorch:
   and copies what then needs copying.
 
 Whether to copy is a per-backend policy: the CUDA runtime pays a host round
-trip and loses CUDA graphs for a mislaid output, so copies are on; Metal's
+trip and loses CUDA graphs for an output out of its layout, so copies are on; Metal's
 runtime copies every output anyway, so they are off unless asked for.
 """
 
@@ -34,11 +34,12 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx.passes.infra.pass_base import PassResult
 
 from . import layout
-from .api import rewrite_graph, transformed, without_garbage_collection
+from .rewrite import apply_plan, make_plan, transformed, without_garbage_collection
 from .dialect import dialect_of, dialect_of_graph
 from .dialect import promised_dim_order
-from .passes.view_copies_to_views import EXECUTORCH, STRIDEGUARD, plan_view_conversion
-from .program import require_exported_program, require_flag, signature_following_graph
+from .plan import EXECUTORCH, STRIDEGUARD, plan_view_conversion
+from .replay import Geometry
+from .program import lazy_graph_module, output_values, require_exported_program, require_flag, signature_following_graph
 
 COPY_OUTPUTS_BY_BACKEND = {"CudaBackend": True, "MetalBackend": False}
 """Whether a backend's outputs need strideguard's copies; backends not named here get them."""
@@ -69,8 +70,7 @@ class DenseOutputsPass(ExportedProgramPassBase):
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
         program, changed = transformed(
             require_exported_program(exported_program, "executorch.DenseOutputsPass"),
-            policy=EXECUTORCH,
-            convert=False,
+            EXECUTORCH,
             break_aliases=self.break_aliases,
             copy_outputs=self.copy_outputs,
         )
@@ -85,9 +85,11 @@ class ReplaceViewCopyWithViewPass:
     ``requires_exported_program``, ``AotiBackend.preprocess`` hands it the whole
     program when it is one of the backend's custom passes: it then also knows
     which outputs are the user's (never a buffer mutation) and keeps the graph
-    signature naming the nodes the graph returns. Like ExecuTorch's pass, it
-    leaves converted nodes the fake values of the copies they were: Inductor
-    traces the graph again. New copy nodes get correct values.
+    signature naming the nodes the graph returns; and as ``preprocess`` builds
+    a new module from the program before Inductor traces it, the program's
+    module generates its Python code only when something asks for it. Like
+    ExecuTorch's pass, it leaves converted nodes the fake values of the copies
+    they were: Inductor traces the graph again. New copy nodes get correct values.
     """
 
     requires_exported_program = True
@@ -103,21 +105,19 @@ class ReplaceViewCopyWithViewPass:
             graph_module, signature = target, _all_outputs_are_the_users(target.graph)
             dialect = dialect_of_graph(target.graph)
         with without_garbage_collection():
-            changed = rewrite_graph(
-                graph_module.graph,
-                signature,
-                dialect,
-                policy=STRIDEGUARD,
-                convert=True,
-                copy_outputs=self.copy_outputs,
-                update_values=False,
-            )
-        if changed:
-            graph_module.graph.lint()
-            graph_module.recompile()
-            if isinstance(target, ExportedProgram):
-                target._graph_signature = signature_following_graph(signature, graph_module.graph)
-        return PassResult(graph_module, bool(changed))
+            plan = make_plan(graph_module.graph, signature, dialect, STRIDEGUARD, copy_outputs=self.copy_outputs)
+            changed = apply_plan(graph_module.graph, plan, update_values=False)
+        if not changed:
+            return PassResult(graph_module, False)
+        graph_module.graph.lint()
+        if isinstance(target, ExportedProgram):
+            # preprocess builds a new module from this program (``module()``) before Inductor traces
+            # it, so this one's Python code is generated only if something asks for it.
+            target._graph_module = lazy_graph_module(graph_module, graph_module.graph)
+            target._graph_signature = signature_following_graph(signature, graph_module.graph)
+            return PassResult(target._graph_module, True)
+        graph_module.recompile()
+        return PassResult(graph_module, True)
 
 
 def _all_outputs_are_the_users(graph: torch.fx.Graph) -> ExportGraphSignature:
@@ -128,13 +128,13 @@ def _all_outputs_are_the_users(graph: torch.fx.Graph) -> ExportGraphSignature:
     ]
     outputs = [
         OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(value.name) if isinstance(value, torch.fx.Node) else None, None)
-        for value in graph.output_node().args[0]
+        for value in output_values(graph)
     ]
     return ExportGraphSignature(input_specs=inputs, output_specs=outputs)
 
 
 class _ProtectedPartitioner(Partitioner):
-    """An AOTI partitioner whose partitions hand each other no mislaid views."""
+    """An AOTI partitioner whose partitions hand each other no strided views."""
 
     def __init__(self, inner: Partitioner, copy_outputs: Optional[bool]):
         super().__init__(getattr(inner, "_spec", {}))
@@ -149,7 +149,7 @@ class _ProtectedPartitioner(Partitioner):
             for tag, spec in result.partition_tags.items()
             if (self.copy_outputs if self.copy_outputs is not None else copies_outputs_for(spec.backend_id))
         ]
-        self.moved = move_mislaid_views_to_their_consumers(result.tagged_exported_program, tags)
+        self.moved = move_strided_views_to_their_consumers(result.tagged_exported_program, tags)
         return result
 
     def ops_to_not_decompose(self, ep: ExportedProgram):
@@ -178,8 +178,8 @@ def protect_partitioner(partitioner: Partitioner, *, copy_outputs: Optional[bool
     return _ProtectedPartitioner(partitioner, copy_outputs)
 
 
-def move_mislaid_views_to_their_consumers(program: ExportedProgram, tags: list[str]) -> list[str]:
-    """Retag each view copy that would leave its partition mislaid into its one consuming partition.
+def move_strided_views_to_their_consumers(program: ExportedProgram, tags: list[str]) -> list[str]:
+    """Retag each view copy that would leave its partition out of its layout into its one consuming partition.
 
     Returns the names of the nodes moved. A view copy whose users lie in its
     own partition too, or in several others, is left where it is and logged.
@@ -193,12 +193,12 @@ def move_mislaid_views_to_their_consumers(program: ExportedProgram, tags: list[s
             leaving = [u for member in group for u in member.users if u not in group]
             if not any(u.meta.get(_DELEGATION_TAG) != tag for u in leaving):
                 continue
-            mislaid = any(
-                layout.has_layout(v.shape, v.stride(), promised_dim_order(member)) is not True
+            out_of_layout = any(
+                layout.has_layout(g.shape, g.strides, promised_dim_order(member)) is not True
                 for member in group
-                if isinstance(v := conversion.value(member), torch.Tensor)
+                if isinstance(g := conversion.geometry(member), Geometry)
             )
-            if not mislaid:
+            if not out_of_layout:
                 continue
             consumers = {u.meta.get(_DELEGATION_TAG) for u in leaving if u.op != "output"}
             if len(consumers) != 1 or None in consumers or any(u.op == "output" for u in leaving):

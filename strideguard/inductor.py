@@ -77,9 +77,9 @@ def _decomposition_table() -> dict:
 
 @dataclass(frozen=True)
 class Decomposed:
-    """A node's value after Inductor's decompositions, and the op that finally produces it."""
+    """A node's strides after Inductor's decompositions, and the op that finally produces it."""
 
-    value: Any
+    strides: tuple
     producer: Any
     """The op writing the memory the value lives in (views stripped); ``None`` for an input."""
 
@@ -93,9 +93,40 @@ def decomposed(op: Any, args: tuple, kwargs: dict) -> Optional[Decomposed]:
     """Run ``op`` on fake ``args`` through Inductor's decomposition table; ``None`` if it cannot be traced.
 
     The trace follows Inductor's own table recursively, so the result has
-    the strides Inductor's graph gives the node.
+    the strides Inductor's graph gives the node. A trace depends only on the
+    op, the arguments' shapes, strides and dtypes and the other arguments, so
+    for static shapes it is traced once and remembered (a model repeats its
+    blocks).
     """
     flat, spec = pytree.tree_flatten((args, kwargs))
+    key = _trace_key(op, flat, spec)
+    if key is not None and key in _TRACES:
+        return _TRACES[key]
+    found = _decomposed(op, flat, spec)
+    if key is not None and found is not None:
+        _TRACES[key] = found
+    return found
+
+
+_TRACES: dict = {}
+
+
+def _trace_key(op: Any, flat: list, spec: Any) -> Optional[tuple]:
+    items = []
+    for item in flat:
+        if isinstance(item, torch.Tensor):
+            described = (tuple(item.shape), tuple(item.stride()), item.storage_offset(), item.dtype, item.device.type)
+            if not all(type(v) is int for v in (*described[0], *described[1], described[2])):
+                return None
+            items.append(described)
+        elif isinstance(item, (int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.device)):
+            items.append((type(item), item))
+        else:
+            return None
+    return (op, str(spec), tuple(items))
+
+
+def _decomposed(op: Any, flat: list, spec: Any) -> Optional[Decomposed]:
     positions = [i for i, item in enumerate(flat) if isinstance(item, torch.Tensor)]
 
     def call(*tensors):
@@ -115,7 +146,10 @@ def decomposed(op: Any, args: tuple, kwargs: dict) -> Optional[Decomposed]:
     if not returned or not isinstance(returned[0], torch.fx.Node):
         return None
     node = returned[0]
-    return Decomposed(node.meta.get("val"), _producer(node))
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return None
+    return Decomposed(tuple(value.stride()), _producer(node))
 
 
 def _producer(node: torch.fx.Node) -> Any:

@@ -106,6 +106,14 @@ def signature_following_graph(signature: ExportGraphSignature, graph: torch.fx.G
     return ExportGraphSignature(input_specs=list(signature.input_specs), output_specs=output_specs)
 
 
+def lazy_graph_module(root: torch.fx.GraphModule, graph: torch.fx.Graph) -> torch.fx.GraphModule:
+    """A graph module around ``graph``, with ``root``'s attributes and metadata, that generates its Python
+    code when first called or read (``_LazyGraphModule``, as torch.compile's own graphs do)."""
+    module = _LazyGraphModule(root, graph)
+    module.meta.update(root.meta)
+    return module
+
+
 def rebuild(program: ExportedProgram, graph: torch.fx.Graph) -> ExportedProgram:
     """A new program around ``graph``, sharing ``program``'s weights, constants and verifiers (the tensors, in
     dicts of its own).
@@ -122,8 +130,7 @@ def rebuild(program: ExportedProgram, graph: torch.fx.Graph) -> ExportedProgram:
     never needed.
     """
     graph.lint()
-    module = _LazyGraphModule(program.graph_module, graph)
-    module.meta.update(program.graph_module.meta)
+    module = lazy_graph_module(program.graph_module, graph)
     rebuilt = copy.copy(program)
     # Tensors are shared, containers are not: assigning into the new program's dicts
     # must never reach the input program.

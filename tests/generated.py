@@ -40,11 +40,11 @@ from torch.utils import _pytree as pytree
 
 import strideguard
 from strideguard import Action, layout
-from strideguard.api import lower_as_compiled
+from strideguard.rewrite import lower_as_compiled
 from strideguard.dialect import copy_call, dialect_of, target_dim_orders
 from strideguard.executorch import DenseOutputsPass
 from strideguard.lowering import lower_edge_outputs, lower_outputs
-from strideguard.passes.view_copies_to_views import STRIDEGUARD
+from strideguard.plan import STRIDEGUARD
 from strideguard.testing.executorch_cpu import aoti_edge_program
 from strideguard.verify import compile_program
 

@@ -86,34 +86,34 @@ def steps_of(runner: GraphedMethod, calls: int, make_input=lambda i: torch.full(
 
 def test_a_sliced_action_chunk_is_not_laid_out_like_its_etensor():
     verdict = check_output(0, policy_view(torch.ones(1)), (0, 1, 2))
-    assert verdict == OutputVerdict(0, (1, 8, 14), (128, 16, 1), (112, 14, 1), as_promised=False)
+    assert verdict == OutputVerdict(0, (1, 8, 14), (128, 16, 1), (112, 14, 1), in_target_layout=False)
 
 
 def test_a_dense_output_is_laid_out_like_its_etensor():
-    assert check_output(0, policy_dense(torch.ones(1)), (0, 1, 2)).as_promised
+    assert check_output(0, policy_dense(torch.ones(1)), (0, 1, 2)).in_target_layout
 
 
 def test_a_storage_offset_and_an_empty_output_never_matter():
     chunk = torch.zeros(4, 2, 6)[2:]  # contiguous strides, with a storage offset
-    assert check_output(0, chunk, (0, 1, 2)).as_promised
-    assert check_output(0, torch.zeros(3, 0, 2).transpose(0, 2), (0, 1, 2)).as_promised
+    assert check_output(0, chunk, (0, 1, 2)).in_target_layout
+    assert check_output(0, torch.zeros(3, 0, 2).transpose(0, 2), (0, 1, 2)).in_target_layout
 
 
 def test_the_last_positions_logits_at_batch_one_differ_only_by_a_size_one_stride():
     """The runtime compares strides literally; a byte copy would be right all the same."""
     logits = torch.zeros(1, 8, 512)[:, -1, :]
     exact = check_output(0, logits, (0, 1))
-    assert (exact.strides, exact.promised_strides, exact.as_promised) == ((4096, 1), (512, 1), False)
-    assert check_output(0, logits, (0, 1), exact=False).as_promised
+    assert (exact.strides, exact.promised_strides, exact.in_target_layout) == ((4096, 1), (512, 1), False)
+    assert check_output(0, logits, (0, 1), exact=False).in_target_layout
     batched = torch.zeros(2, 8, 512)[:, -1, :]
-    assert not check_output(0, batched, (0, 1), exact=False).as_promised
+    assert not check_output(0, batched, (0, 1), exact=False).in_target_layout
 
 
 def test_a_transposed_output_matches_a_promised_transposed_dim_order_only():
     value = torch.zeros(2, 3, 4).transpose(1, 2)  # shape [2, 4, 3], dim order (0, 2, 1)
-    assert not check_output(0, value, (0, 1, 2)).as_promised
+    assert not check_output(0, value, (0, 1, 2)).in_target_layout
     verdict = check_output(0, value, (0, 2, 1))
-    assert verdict.as_promised and verdict.promised_strides == (12, 1, 4)
+    assert verdict.in_target_layout and verdict.promised_strides == (12, 1, 4)
 
 
 def test_a_dim_order_that_does_not_fit_is_an_error():

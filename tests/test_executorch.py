@@ -71,11 +71,11 @@ def test_without_strideguard_the_delegate_returns_views_with_their_base_strides(
     assert strides[0] == (192, 48, 1)  # qkv[..., :14]
     assert strides[1] == (192, 1)  # qkv[:, 1]
     assert strides[3] == (192, 48, 1) and run.outputs[3].storage_offset() == 32  # third split chunk
-    mislaid = [
+    out_of_layout = [
         i for i, (o, order) in enumerate(zip(run.outputs, promised_orders(edge_program)))
         if not has_layout(o.shape, o.stride(), order)
     ]
-    assert mislaid == [0, 1, 3]
+    assert out_of_layout == [0, 1, 3]
 
 
 def test_inspect_of_the_edge_program_predicts_what_the_delegate_returns(without_strideguard):
@@ -97,7 +97,7 @@ def test_dense_outputs_pass_makes_every_delegate_output_dense_in_its_promised_or
         assert torch.equal(fixed, plain), NAMES[i]
 
 
-def test_dense_outputs_pass_inserts_one_copy_per_mislaid_output_and_nothing_else(with_dense_outputs_pass):
+def test_dense_outputs_pass_inserts_one_copy_per_output_out_of_layout_and_nothing_else(with_dense_outputs_pass):
     _, edge_program, _ = with_dense_outputs_pass
     returned = list(edge_program.graph.output_node().args[0])
     copies = [n for n in edge_program.graph.nodes if n.target == ops.edge.dim_order_ops._clone_dim_order.default]

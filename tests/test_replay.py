@@ -1,0 +1,114 @@
+"""The replay's stride arithmetic agrees with torch's own view ops, on every geometry hypothesis can find.
+
+Planning a conversion reads views' geometries from arithmetic, not from
+dispatched fake tensors; a view torch would lay out otherwise would be a
+wrong plan. Each example builds a strided base on the meta device, applies a
+view op there and by arithmetic, and compares shape, strides and storage offset.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings, strategies as st
+
+from strideguard.replay import Geometry, view_geometry
+
+aten = torch.ops.aten
+
+
+@st.composite
+def bases(draw) -> torch.Tensor:
+    """A meta tensor with some strides: contiguous, permuted, sliced, or with an offset."""
+    shape = draw(st.lists(st.integers(0, 5), min_size=1, max_size=4))
+    base = torch.empty(shape, device="meta")
+    if draw(st.booleans()):
+        base = base.permute(draw(st.permutations(range(len(shape)))))
+    if draw(st.booleans()) and base.dim():
+        dim = draw(st.integers(0, base.dim() - 1))
+        start = draw(st.integers(0, max(base.shape[dim] - 1, 0)))
+        base = base.narrow(dim, start, base.shape[dim] - start)
+    return base
+
+
+@st.composite
+def views(draw, base: torch.Tensor) -> tuple:
+    ndim = base.dim()
+    dim = draw(st.integers(-ndim, ndim - 1))
+    size = base.shape[dim]
+    choice = draw(st.sampled_from(
+        ["slice", "select", "narrow", "permute", "transpose", "t", "expand", "unsqueeze", "squeeze", "squeeze_dim",
+         "squeeze_dims", "split", "split_with_sizes", "unbind", "diagonal", "view", "alias"]
+    ))
+    bound = st.none() | st.integers(-size - 2, size + 2)
+    if choice == "slice":
+        return aten.slice.Tensor, (dim, draw(bound), draw(bound), draw(st.integers(1, 3)))
+    if choice == "select":
+        return aten.select.int, (dim, draw(st.integers(-size, max(size - 1, 0))))
+    if choice == "narrow":
+        start = draw(st.integers(-size, size))
+        return aten.narrow.default, (dim, start, draw(st.integers(0, size)))
+    if choice == "permute":
+        return aten.permute.default, (draw(st.permutations(range(ndim))),)
+    if choice == "transpose":
+        return aten.transpose.int, (dim, draw(st.integers(-ndim, ndim - 1)))
+    if choice == "t":
+        return aten.t.default, ()
+    if choice == "expand":
+        leading = draw(st.lists(st.integers(0, 3), max_size=2))
+        sizes = [draw(st.sampled_from([-1, s, 3])) if s == 1 else draw(st.sampled_from([-1, s])) for s in base.shape]
+        return aten.expand.default, (leading + sizes,)
+    if choice == "unsqueeze":
+        return aten.unsqueeze.default, (draw(st.integers(-ndim - 1, ndim)),)
+    if choice == "squeeze":
+        return aten.squeeze.default, ()
+    if choice == "squeeze_dim":
+        return aten.squeeze.dim, (dim,)
+    if choice == "squeeze_dims":
+        return aten.squeeze.dims, (sorted({dim % ndim, draw(st.integers(0, ndim - 1))}),)
+    if choice == "split":
+        return aten.split.Tensor, (draw(st.integers(1, max(size, 1))), dim)
+    if choice == "split_with_sizes":
+        sizes, left = [], size
+        while left:
+            sizes.append(draw(st.integers(1, left)))
+            left -= sizes[-1]
+        return aten.split_with_sizes.default, (sizes, dim)
+    if choice == "unbind":
+        return aten.unbind.int, (dim,)
+    if choice == "diagonal":
+        return aten.diagonal.default, (draw(st.integers(-3, 3)), dim, draw(st.integers(-ndim, ndim - 1)))
+    if choice == "view":
+        return aten.view.default, ([-1],)
+    return aten.alias.default, ()
+
+
+@settings(max_examples=1500, deadline=None)
+@given(data=st.data())
+def test_view_geometry_is_torchs(data):
+    base = data.draw(bases())
+    op, args = data.draw(views(base))
+    try:
+        expected = op(base, *args)
+    except (RuntimeError, IndexError, ValueError, TypeError):
+        return  # not a view torch takes: a traced graph never holds it
+    found = view_geometry(op, Geometry.of(base), args, {})
+    if found is None:
+        return  # the replay dispatches instead; never wrong, only slower
+    expected_list = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+    found_list = found if isinstance(found, list) else [found]
+    assert len(found_list) == len(expected_list)
+    for got, want in zip(found_list, expected_list):
+        assert (got.shape, got.strides, got.offset) == (tuple(want.shape), want.stride(), want.storage_offset()), (
+            op, tuple(base.shape), base.stride(), base.storage_offset(), args
+        )
+
+
+def test_common_views_are_answered_by_arithmetic():
+    """The views planning meets most are never dispatched."""
+    base = Geometry.of(torch.empty(4, 6, 8, device="meta"))
+    for op, args in [
+        (aten.slice.Tensor, (2, 0, 5)), (aten.select.int, (1, -1)), (aten.permute.default, ([2, 0, 1],)),
+        (aten.expand.default, ([2, 4, 6, 8],)), (aten.unsqueeze.default, (1,)), (aten.split.Tensor, (3, 1)),
+        (aten.view.default, ([24, 8],)),
+    ]:
+        assert view_geometry(op, base, args, {}) is not None, op
