@@ -175,22 +175,21 @@ class _Walker:
             hook(value, path)
 
     def text(self, text: str, field: Field, path: str, key: Optional[str]) -> None:
-        rule = self.rules.text.get(field)
-        if rule is None:
-            raise Refused(f"has text at {path}, where strideguard accepts none")
-        try:
-            rule(text, key)
-        except Refused as refusal:
-            raise Refused(f"{refusal} (at {path})") from None
+        self.check(self.rules.text, "text", text, key, field, path)
 
     def key(self, key: Any, field: Field, path: str) -> None:
         if not isinstance(key, str):
             raise Refused(f"has a key that is not text at {path}")
-        rule = self.rules.keys.get(field)
+        self.check(self.rules.keys, "a key", key, None, field, path)
+
+    @staticmethod
+    def check(rules: Mapping[Field, TextRule], what: str, text: str, key: Optional[str], field: Field, path: str) -> None:
+        """Run the rule for ``field`` on ``text``; a field without a rule takes no text at all."""
+        rule = rules.get(field)
         if rule is None:
-            raise Refused(f"has a key at {path}, where strideguard accepts none")
+            raise Refused(f"has {what} at {path}, where strideguard accepts none")
         try:
-            rule(key, None)
+            rule(text, key)
         except Refused as refusal:
             raise Refused(f"{refusal} (at {path})") from None
 
