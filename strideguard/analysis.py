@@ -261,14 +261,20 @@ def _compiled_layout(
             # The wrapper clones a view of a constant it can see as one; with a size-one dimension,
             # Inductor may re-stride the view first ("insignificant strides") and return it uncopied.
             copied, viewed = layout.preserve_format_strides(tensor), tuple(tensor.stride())
+            fresh = layout.strides_for_order(tensor.shape, layout.identity_order(tensor.dim()))
             size_one = any(layout.same_sizes((size,), (1,)) for size in tensor.shape)
-            if not chain or not size_one or layout.same_sizes(copied, viewed):
+            if not chain or not size_one:
+                return _Compiled(copied, note="AOTInductor returns a copy of a weight's view")
+            # A size-one dimension's stride is "insignificant" to Inductor: it may re-stride the view
+            # (and return it uncopied), or realize it afresh, as well as clone it.
+            alternatives = tuple(c for c in (viewed, fresh) if not layout.same_sizes(c, copied))
+            if not alternatives:
                 return _Compiled(copied, note="AOTInductor returns a copy of a weight's view")
             return _Compiled(
                 copied,
-                undecided="AOTInductor returns either a copy of this view of a weight or, re-strided for its "
-                "size-one dimensions, the view itself",
-                alternatives=(viewed,),
+                undecided="AOTInductor returns a copy of this view of a weight, the view itself re-strided for "
+                "its size-one dimensions, or the view realized afresh",
+                alternatives=alternatives,
             )
         how = {
             inductor.WeightLowering.SCALAR: "folds this 0-dim weight into its code",
@@ -287,10 +293,25 @@ def _compiled_layout(
         )
     decomposition = _decomposed(base, values, op_of)
     if not chain:
+        if decomposition is not None and _clones_a_strided_input(base, tensor, decomposition, values):
+            return _Compiled(
+                decomposition.strides,
+                undecided="Inductor's decomposition clones its one non-empty input, which is not dense, and "
+                "gives the size-one dimensions strides of its own choosing",
+                unknown=True,
+            )
         return _Compiled(decomposition.strides if decomposition is not None else tuple(tensor.stride()))
     strides = tuple(tensor.stride())
     if decomposition is not None and not layout.same_sizes(decomposition.strides, values(base).stride()):
-        strides = _replayed_over(chain, base, _restrided(values(base), decomposition.strides), values, op_of)
+        replayed = _replayed_over(chain, base, _restrided(values(base), decomposition.strides), values, op_of)
+        if replayed is None:
+            return _Compiled(
+                strides,
+                undecided="this view cannot be taken of its base as Inductor's decomposition lays it out, so "
+                "Inductor copies it in a layout of its choosing",
+                unknown=True,
+            )
+        strides = replayed
     producer = decomposition.producer if decomposition is not None else aten_op(op_of(base))
     if base not in returned and not inductor.lowers_to_kernel_output(producer):
         name = getattr(producer, "__name__", str(producer))
@@ -300,6 +321,18 @@ def _compiled_layout(
             "(the copy is then fused too, at no cost)",
         )
     return _Compiled(strides)
+
+
+def _clones_a_strided_input(base: Node, tensor: torch.Tensor, decomposition, values: Values) -> bool:
+    """A ``cat`` of one non-empty input becomes ``clone`` of it; for an input that is not dense, the
+    clone's strides in size-one dimensions are the one thing the graph cannot predict (found by ``make fuzz``)."""
+    if layout.same_sizes(decomposition.strides, tensor.stride()):
+        return False
+    if not any(layout.same_sizes((size,), (1,)) for size in tensor.shape):
+        return False
+    inputs = [v for v in torch.utils._pytree.tree_leaves(torch.fx.node.map_arg(base.args, values)) if isinstance(v, torch.Tensor)]
+    non_empty = [v for v in inputs if not any(layout.same_sizes((size,), (0,)) for size in v.shape)]
+    return len(non_empty) != 1 or layout.is_non_overlapping_and_dense(non_empty[0].shape, non_empty[0].stride()) is not True
 
 
 def _decomposed(node: Node, values: Values, op_of: Ops) -> Optional[inductor.Decomposed]:
@@ -319,8 +352,11 @@ def _restrided(value: torch.Tensor, strides: tuple) -> torch.Tensor:
         return torch.empty_strided(value.shape, strides, dtype=value.dtype, device=value.device)
 
 
-def _replayed_over(chain: list[Node], base: Node, base_value: torch.Tensor, values: Values, op_of: Ops) -> tuple:
-    """The strides of the view chain replayed over another value of its base."""
+def _replayed_over(
+    chain: list[Node], base: Node, base_value: torch.Tensor, values: Values, op_of: Ops
+) -> Optional[tuple]:
+    """The strides of the view chain replayed over another value of its base, or None where a
+    ``view`` in it cannot be a view of that value (found by ``make fuzz``)."""
     replaced = {base: base_value}
 
     def value(node: Node) -> Any:
@@ -330,7 +366,10 @@ def _replayed_over(chain: list[Node], base: Node, base_value: torch.Tensor, valu
         if node.target is operator.getitem:
             replaced[node] = value(node.args[0])[node.args[1]]
         else:
-            replaced[node] = call_on_fake_values(aten_op(op_of(node)), node, value)
+            try:
+                replaced[node] = call_on_fake_values(aten_op(op_of(node)), node, value)
+            except (RuntimeError, ValueError):
+                return None
     return tuple(replaced[chain[0]].stride())
 
 

@@ -43,10 +43,14 @@ _KERNEL_OUTPUT_OPS = frozenset(
         aten.bmm.default,
         aten.baddbmm.default,
         aten._int_mm.default,
-        aten.convolution.default,
     }
 )
-"""Ops Inductor lowers to an extern kernel or GEMM template writing a fixed, traced layout."""
+"""Ops Inductor lowers to an extern kernel or GEMM template writing a fixed, traced layout. Not
+convolution: Inductor picks its output's layout itself (channels-last for a channels-last input), so
+a view of it is laid out by Inductor's choice (found by ``make fuzz``)."""
+
+
+_CHOOSES_ITS_LAYOUT = frozenset({aten.convolution.default, aten._convolution.default})
 
 
 class WeightLowering(str, Enum):
@@ -162,6 +166,23 @@ def _producer(node: torch.fx.Node) -> Any:
     return None
 
 
+def concat_may_go_channels_last(inputs: list[torch.Tensor]) -> bool:
+    """Whether Inductor's concatenation kernel may lay its result out channels-last: it does when an input
+    is channels-last contiguous (``ConcatKernel.create``, asked through Inductor's own
+    ``Layout.is_channels_last_contiguous``). The result's significant strides are then matched to the
+    traced ones, its size-one dimensions' are not."""
+    from torch._inductor.ir import Layout
+
+    for value in inputs:
+        if value.dim() in (4, 5) and all(type(v) is int for v in (*value.shape, *value.stride())):
+            try:
+                if Layout.is_channels_last_contiguous(list(value.shape), list(value.stride())):
+                    return True
+            except Exception:  # noqa: BLE001 - an odd shape Inductor's helper rejects is not channels-last
+                continue
+    return False
+
+
 def lowers_to_kernel_output(op: Any) -> bool:
     """Whether Inductor writes ``op``'s result into a buffer laid out as traced, never fused away.
 
@@ -174,4 +195,6 @@ def lowers_to_kernel_output(op: Any) -> bool:
         return False
     if op in _KERNEL_OUTPUT_OPS or op in lowering.fallbacks:
         return True
+    if op in _CHOOSES_ITS_LAYOUT:
+        return False
     return op not in lowering.lowerings and op not in _decomposition_table()

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.fx import Node
 
-from . import layout
+from . import inductor, layout
 from .dialect import aten_op, is_higher_order, is_view_op, op_key, promised_dim_order, view_twin
 from .fake_values import call_on_fake_values, storage_key
 from .program import output_values
@@ -131,21 +131,28 @@ class ViewConversion:
         return self.replay.geometry(node)
 
     def relaid(self) -> set[Node]:
-        """Compute nodes whose traced layout the conversion may change.
+        """Compute nodes whose traced layout Inductor's trace may change, and so what reads them.
 
-        A converted view hands its users other strides than the copy it was,
-        and an op's result follows its inputs' strides (an ``add`` of a
-        transposed view is transposed too), so Inductor's trace of the
-        converted graph may lay out such a node, and everything computed from
-        it, otherwise than its metadata says. Found in one pass over the
-        graph, from geometries, without running any op.
+        Three things change a node's layout in the graph Inductor traces: a
+        view copy made a view hands its users other strides than the copy it
+        was; Inductor's own decompositions (a ``cat`` of one non-empty tensor
+        becomes a ``clone`` of it, in its layout); and a channels-last input,
+        whose layout Inductor carries through copies and concatenations where
+        the traced metadata says contiguous (found by ``make fuzz``). An op's result follows its
+        inputs' strides (an ``add`` of a transposed view is transposed too), so
+        everything computed from such a node may be laid out otherwise than its
+        metadata says. Found in one pass over the graph, from geometries, with
+        a decomposition traced only for the few ops whose decomposition can
+        lay out their result like an input (and remembered per shape).
         """
         changed = {node for node in (*self.targets, *self.later) if _relaid(self.geometry(node), node)}
+        changed |= {node for node in self.graph.nodes if _decomposition_relays(node, self.op_of(node))}
+        changed |= {node for node in self.graph.find_nodes(op="placeholder") if _channels_last_input(node)}
         relaid: set[Node] = set()
         if not changed:
             return relaid
         for node in self.graph.nodes:
-            if node.op != "call_function":
+            if node.op != "call_function" or node in changed:
                 continue
             feeds = [n for n in node.all_input_nodes if n in changed or n in relaid]
             if not feeds or _lays_out_its_own_result(node, self.op_of(node)):
@@ -155,6 +162,33 @@ class ViewConversion:
             else:
                 relaid.add(node)
         return relaid
+
+
+def _channels_last_input(node: Node) -> bool:
+    """A 4-D or 5-D input or weight Inductor may see as channels-last (or whose symbolic sizes cannot tell)."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dim() not in (4, 5):
+        return False
+    exactly_contiguous = layout.has_layout(value.shape, value.stride(), layout.identity_order(value.dim())) is True
+    if not all(type(v) is int for v in (*value.shape, *value.stride())):
+        return not exactly_contiguous
+    return inductor.concat_may_go_channels_last([value]) and not exactly_contiguous
+
+
+_RELAYING_DECOMPOSITIONS = frozenset({"aten::cat", "aten::stack", "aten::concat", "aten::concatenate"})
+"""Ops whose Inductor decomposition may lay their result out like one input (one non-empty input: a clone)."""
+
+
+def _decomposition_relays(node: Node, op: Any) -> bool:
+    """Whether Inductor's decomposition gives ``node`` other strides than its metadata says."""
+    if node.op != "call_function" or op_key(op) is None or op_key(op).split(".")[0] not in _RELAYING_DECOMPOSITIONS:
+        return False
+    original = node.meta.get("val")
+    if not isinstance(original, torch.Tensor):
+        return False
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    found = inductor.decomposed(aten_op(op), args, kwargs)
+    return found is None or not layout.same_sizes(found.strides, original.stride())
 
 
 def _relaid(geometry: Layout, node: Node) -> bool:
@@ -188,13 +222,14 @@ _LAYOUT_ARGUMENTS = {
 
 
 def _lays_out_its_own_result(node: Node, target: Any) -> bool:
-    """Ops whose result's layout does not follow their inputs': view copies (always contiguous),
-    GEMMs, and copies told their layout (``_clone_dim_order(dim_order=...)``, ``clone(memory_format=
-    contiguous)``, strideguard's own output copies among them)."""
+    """Ops whose result's layout does not follow their inputs': GEMMs, and copies told their layout
+    (``_clone_dim_order(dim_order=...)``, ``clone(memory_format=contiguous)``, strideguard's own output
+    copies among them). Not view copies: Inductor lowers one as a view and a clone, and may keep the
+    view's layout (found by ``make fuzz`` on a channels-last input)."""
     op = aten_op(target)
     if not isinstance(op, torch._ops.OpOverload):
         return False
-    if torch.Tag.view_copy in op.tags or op._schema.name in _OWN_LAYOUT_OPS:
+    if op._schema.name in _OWN_LAYOUT_OPS:
         return True
     argument = _LAYOUT_ARGUMENTS.get(op._schema.name)
     if argument is None:

@@ -76,7 +76,7 @@ def make_plan(
         values=conversion.value,
         op_of=conversion.op_of,
         target_orders=target_orders,
-        relaid=conversion.relaid() if dialect.is_edge else frozenset(),
+        relaid=conversion.relaid(),
         break_aliases=break_aliases and lowering is None,
     )
     if lowering is not None:

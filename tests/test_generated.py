@@ -123,15 +123,16 @@ def fuzz_settings(first_batch: bool) -> settings:
     )
 
 
-def lowered_problems(specs: list[ProgramSpec]) -> list[tuple[ProgramSpec, str]]:
-    """Judge ``specs`` by the lowering oracle, ``LOWERED_BATCH`` at a time; each problem with its program."""
+def lowered_problems(specs: list[ProgramSpec]) -> list[tuple[ProgramSpec, str, list[ProgramSpec]]]:
+    """Judge ``specs`` by the lowering oracle, ``LOWERED_BATCH`` at a time; each problem with its program
+    and the batch it failed in."""
     found = []
     for start in range(0, len(specs), LOWERED_BATCH):
         batch = specs[start:start + LOWERED_BATCH]
         result = generated.check_batch(batch)
         COUNTS["lowered"] += len(batch) - len(result.refused)
         COUNTS["unlowerable"] += len(result.refused)
-        found += [(batch[part], text) for part, text in result.problems]
+        found += [(batch[part], text, batch) for part, text in result.problems]
     return found
 
 
@@ -151,9 +152,9 @@ def fuzz(minutes: float) -> tuple[int, list[Path]]:
             pass
         kept += [generated.save_regression(spec, text) for spec, text in failures.values()]
         fresh = [PASSED[key] for key in sorted(set(PASSED) - before)]
-        for spec, text in lowered_problems(fresh):
+        for spec, text, batch in lowered_problems(fresh):
             COUNTS["failed"] += 1
-            kept.append(generated.save_regression(spec, text, oracle="batch"))
+            kept.append(generated.save_regression(spec, text, oracle="batch", batch=batch))
         batches += 1
         longest = max(longest, time.monotonic() - started)
     return batches, sorted(set(kept))
@@ -193,7 +194,7 @@ def test_inductor_lowering_agrees_with_every_prediction_and_fix(request, fuzz_mi
     problems = lowered_problems(specs)
     say(request, f"\nlowering oracle: {COUNTS['lowered']} programs judged, {COUNTS['unlowerable']} that Inductor "
                  "cannot lower untouched")
-    assert not problems, "\n".join(f"{text}\n  program: {spec.dumps()}" for spec, text in problems)
+    assert not problems, "\n".join(f"{text}\n  program: {spec.dumps()}" for spec, text, _ in problems)
 
 
 @pytest.mark.aoti
