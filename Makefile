@@ -22,6 +22,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/lowering_cost.py
+	$(PY) bench/pushdown.py
 
 zoo: $(STAMP)
 	$(PY) bench/zoo.py

@@ -313,6 +313,14 @@ def _compiled_layout(
             )
         strides = replayed
     producer = decomposition.producer if decomposition is not None else aten_op(op_of(base))
+    if base not in returned and op_name(producer) in _CONCATENATIONS:
+        return _Compiled(
+            strides,
+            undecided="a view of a concatenation, which Inductor may compute afresh or simplify to the view of "
+            "the one input it lies in, laid out as that input is (an expand of a small weight comes back with "
+            "zero strides)",
+            unknown=True,
+        )
     if base not in returned and not inductor.lowers_to_kernel_output(producer):
         name = getattr(producer, "__name__", str(producer))
         return _Compiled(
@@ -323,16 +331,23 @@ def _compiled_layout(
     return _Compiled(strides)
 
 
+_CONCATENATIONS = frozenset({"cat", "concat", "concatenate", "stack"})
+
+
 def _clones_a_strided_input(base: Node, tensor: torch.Tensor, decomposition, values: Values) -> bool:
-    """A ``cat`` of one non-empty input becomes ``clone`` of it; for an input that is not dense, the
-    clone's strides in size-one dimensions are the one thing the graph cannot predict (found by ``make fuzz``)."""
-    if layout.same_sizes(decomposition.strides, tensor.stride()):
+    """A ``cat`` or ``stack`` of one non-empty input becomes ``clone`` of it, and the clone's strides in
+    size-one dimensions are Inductor's choice, not the graph's: undecided unless they are those of a
+    contiguous tensor (found by ``make fuzz``: ``[5, 1]`` traced ``(1, 5)`` comes back ``(1, 1)``)."""
+    if op_name(base.target) not in _CONCATENATIONS:
         return False
     if not any(layout.same_sizes((size,), (1,)) for size in tensor.shape):
         return False
+    contiguous = layout.strides_for_order(tensor.shape, layout.identity_order(tensor.dim()))
+    if layout.same_sizes(decomposition.strides, contiguous):
+        return False
     inputs = [v for v in torch.utils._pytree.tree_leaves(torch.fx.node.map_arg(base.args, values)) if isinstance(v, torch.Tensor)]
     non_empty = [v for v in inputs if not any(layout.same_sizes((size,), (0,)) for size in v.shape)]
-    return len(non_empty) != 1 or layout.is_non_overlapping_and_dense(non_empty[0].shape, non_empty[0].stride()) is not True
+    return len(non_empty) == 1 or not layout.same_sizes(decomposition.strides, tensor.stride())
 
 
 def _decomposed(node: Node, values: Values, op_of: Ops) -> Optional[inductor.Decomposed]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch.export import ExportedProgram
 
 from .analysis import OutputFacts, report
@@ -9,7 +11,8 @@ from .dialect import dialect_of
 from .plan import EXECUTORCH, STRIDEGUARD, ConversionPolicy
 from .program import require_exported_program, require_flag
 from .records import LayoutReport
-from .rewrite import lower_as_compiled, program_plan, transformed
+from .pushdown import plan_pushdowns
+from .rewrite import lower_as_compiled, program_plan, pushed_down, transformed
 
 
 def output_facts(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False) -> list[OutputFacts]:
@@ -20,7 +23,14 @@ def output_facts(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTO
     if not isinstance(policy, ConversionPolicy):
         raise TypeError(f"strideguard.inspect: policy must be a ConversionPolicy, got {type(policy).__name__}")
     lowering = lower_as_compiled(program, policy=policy) if exact else None
-    return list(program_plan(program, policy, lowering=lowering).outputs)
+    facts = list(program_plan(program, policy, lowering=lowering).outputs)
+    pushdowns = {pushdown.output: pushdown for pushdown in plan_pushdowns(program.graph)}
+    for number, fact in enumerate(facts):
+        pushdown = pushdowns.get(fact.output.position)
+        if pushdown is not None:
+            record = replace(fact.layout, pushdown=pushdown.description, flops_saved=pushdown.saved)
+            facts[number] = replace(fact, layout=record)
+    return facts
 
 
 def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False) -> LayoutReport:
@@ -40,7 +50,9 @@ def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, 
     return report(facts, dialect_of(program), source="lowering" if exact else "analysis")
 
 
-def densify_outputs(program: ExportedProgram, *, break_aliases: bool = False, exact: bool = False) -> ExportedProgram:
+def densify_outputs(
+    program: ExportedProgram, *, break_aliases: bool = False, exact: bool = False, pushdown: bool = False
+) -> ExportedProgram:
     """A new program whose every user output comes back dense in its target layout.
 
     Exactly one copy is inserted per user output that would otherwise come back
@@ -52,16 +64,29 @@ def densify_outputs(program: ExportedProgram, *, break_aliases: bool = False, ex
     ``break_aliases``, an output sharing memory with an input, a weight or an
     earlier output gets its own copy too. ``program`` is not modified and its
     weights are shared, not copied.
+
+    With ``pushdown``, a returned slice, select, narrow or split piece is
+    first computed from pieces of its producers' inputs wherever that is
+    exact (``strideguard.pushdown``): dense by construction, with less
+    compute. Values may then differ from the original's by rounding (a
+    smaller GEMM); ``verify(..., reference=program)`` measures by how much.
     """
     program = require_exported_program(program, "densify_outputs")
     require_flag(break_aliases, "break_aliases", "densify_outputs")
     require_flag(exact, "exact", "densify_outputs")
+    if require_flag(pushdown, "pushdown", "densify_outputs"):
+        program = pushed_down(program)[0]
     lowering = lower_as_compiled(program) if exact else None
     return transformed(program, EXECUTORCH, break_aliases=break_aliases, lowering=lowering)[0]
 
 
 def prepare_for_aoti(
-    program: ExportedProgram, *, copy_outputs: bool = True, break_aliases: bool = False, exact: bool = False
+    program: ExportedProgram,
+    *,
+    copy_outputs: bool = True,
+    break_aliases: bool = False,
+    exact: bool = False,
+    pushdown: bool = False,
 ) -> ExportedProgram:
     """Make an ATen or Edge program ready for AOTInductor.
 
@@ -71,14 +96,18 @@ def prepare_for_aoti(
     output that would now come back in another layout (skipped with
     ``copy_outputs=False``, for a runtime such as Metal's that copies every
     output anyway), and leaves no ``detach_copy`` behind. ``exact`` asks
-    Inductor's lowering which outputs need the copy, as in ``densify_outputs``.
+    Inductor's lowering which outputs need the copy, and ``pushdown`` moves
+    returned pieces into their producers first, as in ``densify_outputs``.
     """
     program = require_exported_program(program, "prepare_for_aoti")
-    for name, value in (("copy_outputs", copy_outputs), ("break_aliases", break_aliases), ("exact", exact)):
+    flags = (("copy_outputs", copy_outputs), ("break_aliases", break_aliases), ("exact", exact), ("pushdown", pushdown))
+    for name, value in flags:
         require_flag(value, name, "prepare_for_aoti")
     dialect = dialect_of(program)
     if not dialect.is_edge:
-        return densify_outputs(program, break_aliases=break_aliases, exact=exact)
+        return densify_outputs(program, break_aliases=break_aliases, exact=exact, pushdown=pushdown)
+    if pushdown:
+        program = pushed_down(program)[0]
     lowering = lower_as_compiled(program, policy=STRIDEGUARD) if exact and copy_outputs else None
     return transformed(
         program, STRIDEGUARD, break_aliases=break_aliases, copy_outputs=copy_outputs, lowering=lowering, update_values=False

@@ -167,6 +167,10 @@ def _print_layout(console: Console, title: str, report: LayoutReport) -> None:
     console.print(_layout_table(title, report))
     for output in report.copies_needed:
         console.print(f"  fix copies [{output.index}] {output.name} into dim order {list(output.target_dim_order)}: {output.explanation}")
+    for output in report.outputs:
+        if output.pushdown:
+            saving = "" if output.flops_saved is None else f", {output.flops_saved:.0%} of those ops' FLOPs saved"
+            console.print(f"  fix --pushdown computes [{output.index}] {output.name} from pieces: {output.pushdown}{saving}")
     strided = [output for output in report.outputs if not output.ok]
     if strided:
         console.print(
@@ -238,6 +242,14 @@ def fix(
         bool, typer.Option("--break-aliases", help="Also copy outputs sharing memory with an input, a weight or another output.")
     ] = False,
     exact: Exact = False,
+    pushdown: Annotated[
+        bool,
+        typer.Option(
+            "--pushdown",
+            help="First compute each returned slice or select from pieces of its producers' inputs where that is exact "
+            "(less compute, no copy; values may round differently: check with verify --reference PROGRAM).",
+        ),
+    ] = False,
     debug: Debug = False,
 ) -> None:
     """Write PROGRAM with one copy per output that would come back strided; PROGRAM is never modified."""
@@ -245,7 +257,7 @@ def fix(
     with _running("fix", debug):
         check_output_path(output, input_path=program, overwrite=force)
         loaded = load_program(program)
-        fixed = transform(loaded, break_aliases=break_aliases, exact=exact)
+        fixed = transform(loaded, break_aliases=break_aliases, exact=exact, pushdown=pushdown)
         report = inspect(fixed, exact=exact)
         save_program(fixed, output, input_path=program, overwrite=force)
     console = _stdout()
@@ -258,6 +270,15 @@ def fix(
 def verify(
     program: ProgramFile,
     device: Annotated[Device, typer.Option("--device", help="Where to compile and run.")] = Device.cpu,
+    reference: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--reference",
+            help="The program before fix: compile and run it too, and require every output to equal its output "
+            "(bitwise; within verify's tolerance where fix --pushdown changed the computation).",
+            show_default=False,
+        ),
+    ] = None,
     json_output: JsonOutput = False,
     debug: Debug = False,
 ) -> None:
@@ -266,6 +287,7 @@ def verify(
         _fail("--device cuda: this torch sees no CUDA device", json_output)
     with _running("verify", debug, json_output):
         loaded = load_program(program)
+        reference_program = load_program(reference) if reference is not None else None
         report = inspect(loaded)
         with Progress(
             SpinnerColumn(),
@@ -275,7 +297,7 @@ def verify(
             transient=True,
         ) as progress:
             progress.add_task("compile", total=None)
-            measured = verify_program(loaded, device=device.value)
+            measured = verify_program(loaded, device=device.value, reference=reference_program)
     if json_output:
         _print_json(_verify_json(report, measured))
     else:
@@ -309,12 +331,15 @@ def _print_verify(console: Console, program: Path, measured: VerifyReport) -> No
     )
     for column in ("#", "name", "shape", "strides returned", "offset", "dense", "contiguous"):
         table.add_column(column, overflow="fold")
-    for column in ("aliases", "max |err|", "equal", "as predicted"):
+    columns = ("aliases", "max |err|", "equal", "as predicted")
+    referenced = any(check.reference_error is not None for check in measured.outputs)
+    for column in columns + (("|err| vs reference",) if referenced else ()):
         table.add_column(column, overflow="fold")
     for check in measured.outputs:
         mark = "green" if check.ok else "red"
         if check.kind != "tensor":
-            table.add_row(f"[{mark}]{check.index}[/]", check.name or "-", check.kind, *["-"] * 6, _yes_no(check.match), "-")
+            table.add_row(f"[{mark}]{check.index}[/]", check.name or "-", check.kind, *["-"] * 6, _yes_no(check.match), "-",
+                          *(("-",) if referenced else ()))
             continue
         table.add_row(
             f"[{mark}]{check.index}[/]",
@@ -328,6 +353,7 @@ def _print_verify(console: Console, program: Path, measured: VerifyReport) -> No
             f"{check.max_abs_error:g}",
             _yes_no(check.match),
             _as_predicted(check),
+            *((f"{check.reference_error:g}" if check.reference_error is not None else "-",) if referenced else ()),
         )
     console.print(table)
     if measured.ok:

@@ -183,6 +183,17 @@ def copy_call(dialect: Dialect, dim_order: tuple[int, ...]) -> tuple[Any, dict[s
     return torch.ops.aten.clone.default, {"memory_format": memory_format}
 
 
+def narrow_call(dialect: Dialect) -> Any:
+    """The op taking ``start:end:step`` of one dimension: a view in ATen, ``slice_copy`` in Edge (which the
+    AOTI backends turn back into a view)."""
+    return _edge_ops().aten.slice_copy.Tensor if dialect.is_edge else torch.ops.aten.slice.Tensor
+
+
+def select_call(dialect: Dialect) -> Any:
+    """The op taking one index of one dimension, in ``dialect``."""
+    return _edge_ops().aten.select_copy.int if dialect.is_edge else torch.ops.aten.select.int
+
+
 def _memory_format(dim_order: tuple[int, ...]) -> torch.memory_format:
     ndim = len(dim_order)
     if tuple(dim_order) == tuple(range(ndim)):

@@ -34,7 +34,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx.passes.infra.pass_base import PassResult
 
 from . import layout
-from .rewrite import apply_plan, make_plan, transformed, without_garbage_collection
+from .rewrite import apply_plan, make_plan, pushed_down, transformed, without_garbage_collection
 from .dialect import dialect_of, dialect_of_graph
 from .dialect import promised_dim_order
 from .plan import EXECUTORCH, STRIDEGUARD, plan_view_conversion
@@ -63,18 +63,24 @@ class DenseOutputsPass(ExportedProgramPassBase):
     runtime cannot run, becomes ``alias_copy``. Nothing else changes.
     """
 
-    def __init__(self, *, copy_outputs: bool = True, break_aliases: bool = False):
+    def __init__(self, *, copy_outputs: bool = True, break_aliases: bool = False, pushdown: bool = False):
         self.copy_outputs = require_flag(copy_outputs, "copy_outputs", "executorch.DenseOutputsPass")
         self.break_aliases = require_flag(break_aliases, "break_aliases", "executorch.DenseOutputsPass")
+        self.pushdown = require_flag(pushdown, "pushdown", "executorch.DenseOutputsPass")
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
+        program = require_exported_program(exported_program, "executorch.DenseOutputsPass")
+        pushdowns = ()
+        if self.pushdown:
+            program, pushdowns = pushed_down(program)
         program, changed = transformed(
-            require_exported_program(exported_program, "executorch.DenseOutputsPass"),
+            program,
             EXECUTORCH,
             break_aliases=self.break_aliases,
             copy_outputs=self.copy_outputs,
         )
-        return ExportedProgramPassResult(program if changed else exported_program, bool(changed))
+        changed = bool(changed or pushdowns)
+        return ExportedProgramPassResult(program if changed else exported_program, changed)
 
 
 class ReplaceViewCopyWithViewPass:

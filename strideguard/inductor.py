@@ -193,8 +193,13 @@ def lowers_to_kernel_output(op: Any) -> bool:
 
     if not isinstance(op, torch._ops.OpOverload):
         return False
-    if op in _KERNEL_OUTPUT_OPS or op in lowering.fallbacks:
+    if op in _KERNEL_OUTPUT_OPS:
         return True
     if op in _CHOOSES_ITS_LAYOUT:
         return False
-    return op not in lowering.lowerings and op not in _decomposition_table()
+    registered = lowering.lowerings.get(op)
+    if registered is not None:
+        # Not ``op in lowering.fallbacks``: a lowering may add its own op to that set when it falls back for
+        # one input (``cat`` of uint8 tensors on the CPU does), and the set then outlives that compile.
+        return bool(getattr(registered, "_is_fallback_handler", False))
+    return op not in _decomposition_table()

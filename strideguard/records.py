@@ -101,6 +101,10 @@ class OutputLayout:
     aliases: tuple[Alias, ...] = ()
     view_of: Optional[str] = None
     cause: Optional[str] = None
+    pushdown: Optional[str] = None
+    """How far ``pushdown=True`` moves this returned piece into its producers (``None``: it does not)."""
+    flops_saved: Optional[float] = None
+    """The fraction of those producers' FLOPs the pushdown saves."""
 
     @property
     def ok(self) -> bool:
@@ -137,6 +141,10 @@ class OutputLayout:
             "cause": self.cause or "-",
             "fix": "copy" if self.action is Action.COPY else "-",
         }
+
+
+def _saving(fraction: Optional[float]) -> str:
+    return "" if fraction is None else f", {fraction:.0%} of those ops' FLOPs saved"
 
 
 def _yes_no(value: Optional[bool]) -> str:
@@ -185,6 +193,8 @@ class LayoutReport:
                 f"  [{c['#']}] {c['name']}: {c['shape']} {c['dtype']} strides {c['strides']} {mark}{cause}{alias} "
                 f"-> {o.action.value} ({o.reason.value})"
             )
+            if o.pushdown:
+                lines.append(f"      with pushdown: {o.pushdown}{_saving(o.flops_saved)}")
         return "\n".join(lines)
 
 
@@ -215,6 +225,9 @@ class OutputCheck:
     max_abs_error: Optional[float] = None
     predicted_strides: Optional[tuple] = None
     lowered_strides: Optional[tuple] = None
+    reference_error: Optional[float] = None
+    """With ``verify(..., reference=...)``: the largest difference from the reference program's output
+    (0.0 when bitwise equal)."""
 
     @property
     def ok(self) -> bool:

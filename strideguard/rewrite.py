@@ -28,6 +28,8 @@ from .passes.insert_output_copies import insert_output_copies
 from .passes.view_copies_to_views import convert_views
 from .plan import EXECUTORCH, NO_CONVERSION, ConversionPolicy, ViewConversion, plan_view_conversion
 from .program import copy_graph, output_values, rebuild, user_outputs
+from .passes.push_cuts_into_producers import push_cuts_into_producers
+from .pushdown import Pushdown, plan_pushdowns
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,19 @@ def without_garbage_collection():
     finally:
         if was_enabled:
             gc.enable()
+
+
+def pushed_down(program: ExportedProgram) -> tuple[ExportedProgram, tuple[Pushdown, ...]]:
+    """A new program in which every returned slice or select that can is computed from pieces of its
+    producers' inputs (``strideguard.pushdown``), and the pushdowns applied; ``program`` itself when none
+    applies. Weights are shared: a weight's piece is a slice in the graph."""
+    with without_garbage_collection():
+        graph = copy_graph(program)
+        pushdowns = plan_pushdowns(graph)
+        if not pushdowns:
+            return program, ()
+        push_cuts_into_producers(graph, pushdowns, dialect_of(program))
+        return rebuild(program, graph), pushdowns
 
 
 def transformed(program: ExportedProgram, policy: ConversionPolicy, *, update_values: bool = True, **options) -> tuple[ExportedProgram, int]:

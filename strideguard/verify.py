@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 import sympy
@@ -23,10 +23,15 @@ from .api import inspect
 from .dialect import dialect_of, target_dim_orders
 from .lowering import lower_outputs
 from .program import require_exported_program, user_outputs
+from .pushdown import was_pushed_down
 from .records import OutputCheck, VerifyReport
 
 
 DEVICES = ("cpu", "cuda")
+
+PUSHDOWN_TOLERANCE = (1e-4, 1e-5)
+"""``(rtol, atol)`` within which a pushed-down program's outputs must equal its reference's: a GEMM over
+fewer rows or columns may round differently. Without pushdown the comparison is bitwise."""
 
 
 def aoti_program(program: ExportedProgram, device: str = "cpu") -> ExportedProgram:
@@ -93,6 +98,8 @@ def verify(
     *,
     device: str = "cpu",
     more_inputs: Sequence[Any] = (),
+    reference: Optional[ExportedProgram] = None,
+    tolerance: tuple[float, float] = PUSHDOWN_TOLERANCE,
 ) -> VerifyReport:
     """Compile ``program`` with AOTInductor, run it, and check every user output.
 
@@ -103,8 +110,18 @@ def verify(
     against its target layout (``layout.has_layout``: exact strides, as
     ExecuTorch's runtime compares them), and its strides are compared with
     what ``inspect`` predicted and Inductor's lowering gave.
+
+    With ``reference`` (the program before strideguard rewrote it), that
+    program is compiled and run too, and each output must equal its
+    reference's: bitwise, or, where ``program`` was pushed down, within
+    ``tolerance`` (``(rtol, atol)``); ``reference_error`` is the largest
+    difference measured.
     """
     program = require_exported_program(program, "verify")
+    if reference is not None:
+        reference = require_exported_program(reference, "verify")
+    if not (isinstance(tolerance, tuple) and len(tolerance) == 2 and all(isinstance(t, float) and t >= 0 for t in tolerance)):
+        raise TypeError(f"strideguard.verify: tolerance must be a tuple (rtol, atol) of non-negative floats, got {tolerance!r}")
     if not isinstance(device, str) or device not in DEVICES:
         raise ValueError(f"strideguard.verify: device must be one of {', '.join(DEVICES)}, got {device!r}")
     if not isinstance(more_inputs, (list, tuple)):
@@ -115,6 +132,9 @@ def verify(
         started = time.perf_counter()
         compiled = compile_program(compiled_program, directory, device=device)
         compile_seconds = time.perf_counter() - started
+        compiled_reference = None
+        if reference is not None:
+            compiled_reference = compile_program(reference, os.path.join(directory, "reference"), device=device)
         return check_compiled(
             program,
             compiled,
@@ -123,6 +143,8 @@ def verify(
             device=device,
             compile_seconds=compile_seconds,
             expected=expected,
+            reference=compiled_reference,
+            tolerance=tolerance if was_pushed_down(program.graph) else None,
         )
 
 
@@ -135,8 +157,11 @@ def check_compiled(
     device: str = "cpu",
     compile_seconds: float = 0.0,
     expected: Optional[Expectations] = None,
+    reference: Optional[Any] = None,
+    tolerance: Optional[tuple[float, float]] = None,
 ) -> VerifyReport:
-    """Run an already compiled ``program`` on each input set and check its outputs."""
+    """Run an already compiled ``program`` on each input set and check its outputs; with ``reference``
+    (another compiled callable), against its outputs too: within ``tolerance``, or bitwise when it is ``None``."""
     if example_inputs is None:
         if program.example_inputs is None:
             raise ValueError("strideguard.verify: the program stores no example inputs; pass example_inputs")
@@ -153,8 +178,38 @@ def check_compiled(
             args, kwargs = _to_device((args, kwargs), device)
             got = compiled(*args, **kwargs)
             checks = _check_outputs(program, got, expected_values, (args, kwargs), expected, sizes)
+            if reference is not None:
+                checks = _against_reference(checks, got, reference(*args, **kwargs), tolerance)
             runs.append((f"inputs {number}", checks))
     return VerifyReport(device=device, compile_seconds=compile_seconds, outputs=runs[0][1], runs=tuple(runs[1:]))
+
+
+def _against_reference(checks: tuple, got: Any, wanted: Any, tolerance: Optional[tuple[float, float]]) -> tuple:
+    """Each check with the largest difference from the reference's output, and failed where that is too much."""
+    got_leaves = pytree.tree_leaves(got, is_leaf=lambda x: x is None)
+    wanted_leaves = pytree.tree_leaves(wanted, is_leaf=lambda x: x is None)
+    if len(got_leaves) != len(wanted_leaves):
+        raise RuntimeError(f"the program returned {len(got_leaves)} values and its reference {len(wanted_leaves)}")
+    measured = []
+    for check, value, reference in zip(checks, got_leaves, wanted_leaves):
+        if not isinstance(value, torch.Tensor) or not isinstance(reference, torch.Tensor):
+            measured.append(check)
+            continue
+        same = value.shape == reference.shape and value.dtype == reference.dtype
+        error = _max_difference(value, reference) if same and value.numel() else 0.0
+        if same and tolerance is not None and (value.is_floating_point() or value.is_complex()):
+            same = torch.allclose(value, reference, rtol=tolerance[0], atol=tolerance[1], equal_nan=True)
+        elif same:
+            same = torch.equal(value, reference) or (value.is_floating_point() and torch.equal(value.isnan(), reference.isnan())
+                                                     and torch.equal(value.nan_to_num(), reference.nan_to_num()))
+        measured.append(replace(check, reference_error=error, match=check.match and bool(same)))
+    return tuple(measured)
+
+
+def _max_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
+    wide = torch.complex128 if value.is_complex() else torch.float64
+    difference = (value.to(wide) - reference.to(value.device, wide)).abs()
+    return float(difference.nan_to_num(nan=0.0).max()) if difference.numel() else 0.0
 
 
 def _symbol_values(program: ExportedProgram, args: tuple, kwargs: dict) -> dict:

@@ -46,7 +46,7 @@ from strideguard.executorch import DenseOutputsPass
 from strideguard.lowering import lower_edge_outputs, lower_outputs
 from strideguard.plan import STRIDEGUARD
 from strideguard.testing.executorch_cpu import aoti_edge_program
-from strideguard.verify import compile_program
+from strideguard.verify import PUSHDOWN_TOLERANCE, compile_program
 
 def _remember_composite_ops() -> None:
     """Compute torch's set of composite-implicit ops once per process rather than in every
@@ -497,9 +497,9 @@ def _view_shape(draw, probe: Probe) -> tuple[int, ...]:
 
 
 @st.composite
-def view_steps(draw, probe: Probe) -> Step:
-    """One view op legal for ``probe``."""
-    op = draw(st.sampled_from(_applicable_views(probe)))
+def view_steps(draw, probe: Probe, among: Sequence[str] = VIEW_OPS) -> Step:
+    """One view op legal for ``probe`` (of those ``among``)."""
+    op = draw(st.sampled_from([op for op in _applicable_views(probe) if op in among]))
     shape, ndim, fixed, batch = probe.shape, probe.ndim, probe.fixed_dims(), probe.batch_dims
     if op in ("detach", "T"):
         return Step(op)
@@ -595,9 +595,9 @@ def _applicable_compute(probe: Probe) -> list[str]:
 
 
 @st.composite
-def compute_steps(draw, probe: Probe) -> Step:
-    """Ordinary compute that keeps values exact and NaN-free, and the ops real models return."""
-    op = draw(st.sampled_from(_applicable_compute(probe)))
+def compute_steps(draw, probe: Probe, among: Sequence[str] = COMPUTE_OPS) -> Step:
+    """Ordinary compute that keeps values exact and NaN-free, and the ops real models return (of those ``among``)."""
+    op = draw(st.sampled_from([op for op in _applicable_compute(probe) if op in among]))
     ndim, batch = probe.ndim, probe.batch_dims
     if op in ("add", "mul"):
         scalar = {"add": 1.5, "mul": 0.5} if probe.dtype.is_floating_point else {"add": 3, "mul": 2}
@@ -637,23 +637,54 @@ def compute_steps(draw, probe: Probe) -> Step:
     return Step(op)
 
 
+class _Chain:
+    """Steps taken one after another from a value, with the probe of what each gives."""
+
+    def __init__(self, probe: Probe):
+        self.probe, self.steps = probe, []
+
+    def take(self, step: Step) -> None:
+        self.probe = self.probe.then(step)
+        self.steps.append(step)
+
+    def can_take(self, among: Sequence[str]) -> bool:
+        return any(op in among for op in _applicable_views(self.probe))
+
+    def made(self) -> tuple[tuple[Step, ...], Probe]:
+        return tuple(self.steps), self.probe
+
+
 @st.composite
 def chains(draw, probe: Probe) -> tuple[tuple[Step, ...], Probe]:
     """One to four view ops, with compute before, between and after them now and then."""
-    steps = []
-
-    def take(step: Step):
-        nonlocal probe
-        probe = probe.then(step)
-        steps.append(step)
-
+    chain = _Chain(probe)
     for _ in range(draw(st.integers(1, 4))):
         if draw(st.integers(0, 3)) == 3:
-            take(draw(compute_steps(probe)))
-        take(draw(view_steps(probe)))
+            chain.take(draw(compute_steps(chain.probe)))
+        chain.take(draw(view_steps(chain.probe)))
     if draw(st.integers(0, 4)) == 4:
-        take(draw(compute_steps(probe)))
-    return tuple(steps), probe
+        chain.take(draw(compute_steps(chain.probe)))
+    return chain.made()
+
+
+PUSHABLE_COMPUTE = ("add", "mul", "neg", "to", "linear", "cat", "layer_norm", "rms_norm", "softmax", "matmul")
+PUSHABLE_VIEWS = ("transpose", "permute", "view", "reshape", "unsqueeze", "T")
+CUTS = ("slice", "select", "narrow", "split", "chunk", "unbind")
+
+
+@st.composite
+def pushdown_chains(draw, probe: Probe) -> tuple[tuple[Step, ...], Probe]:
+    """Compute a returned piece could move through (and some it cannot), then the piece: what
+    ``pushdown=True`` works on."""
+    chain = _Chain(probe)
+    for _ in range(draw(st.integers(1, 4))):
+        if draw(st.integers(0, 3)) == 3 and chain.can_take(PUSHABLE_VIEWS):
+            chain.take(draw(view_steps(chain.probe, PUSHABLE_VIEWS)))
+        else:
+            chain.take(draw(compute_steps(chain.probe, PUSHABLE_COMPUTE)))
+    if chain.can_take(CUTS):
+        chain.take(draw(view_steps(chain.probe, CUTS)))
+    return chain.made()
 
 
 def tensor_specs(*, batched: bool) -> st.SearchStrategy[TensorSpec]:
@@ -681,7 +712,8 @@ def weight_specs() -> st.SearchStrategy[WeightSpec]:
 
 
 @st.composite
-def programs(draw) -> ProgramSpec:
+def programs(draw, make_chains=chains) -> ProgramSpec:
+    """Inputs, weights, values made by ``make_chains`` (views and compute by default), and outputs."""
     dynamic = draw(st.booleans())
     inputs = [draw(tensor_specs(batched=dynamic and i == 0)) for i in range(draw(st.integers(1, 2)))]
     weights = draw(st.lists(weight_specs(), max_size=2))
@@ -696,7 +728,7 @@ def programs(draw) -> ProgramSpec:
         # Earlier values first: views of views, and two views of one base, are the interesting cases.
         sources = [("value", i) for i in reversed(range(v))] + [k for k in probes if k[0] != "value"]
         source = draw(st.sampled_from(sources))
-        steps, probe = draw(chains(probes[source]))
+        steps, probe = draw(make_chains(probes[source]))
         probes[("value", v)] = probe
         values.append(ValueSpec(source, steps))
 
@@ -1193,6 +1225,92 @@ def _check_compiled(specs: list[ProgramSpec], plain: Any, directory: str) -> Sam
     return Sample(problems, {})
 
 
+# ---------------------------------------------------------------------------------------------
+# Pushdown
+
+
+PUSHDOWN_RTOL, PUSHDOWN_ATOL = PUSHDOWN_TOLERANCE
+
+
+PUSHED_OUTPUTS: list[str] = []
+"""What ``check_pushdown`` pushed down, as ``inspect`` describes it: a check that it had work to do."""
+
+
+def check_pushdown(specs: Sequence[ProgramSpec]) -> Sample:
+    """The contract of ``pushdown=True`` on generated programs, many as one method.
+
+    ATen (``densify_outputs``) and Edge in both modes (``prepare_for_aoti``):
+    the input is left alone and its weights shared, the result validates, its
+    values equal the original's within the pushdown tolerance at every batch
+    size, the pushdown never adds FLOPs, and by Inductor's own lowering every
+    output comes back in its target layout.
+    """
+    return _without_refused(list(specs), _export_and_lower, _check_pushdown)
+
+
+def _export_and_lower(specs: Sequence[ProgramSpec]) -> ExportedProgram:
+    program = export_combined(specs)
+    lower_outputs(program)
+    return program
+
+
+def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> Sample:
+    from strideguard.pushdown import graph_flops
+    from strideguard.rewrite import pushed_down
+
+    problems: list[tuple[int, str]] = []
+    owners = _owners(specs)
+
+    def expect(condition: bool, index: int, text: str) -> None:
+        if not condition:
+            part, j = owners[index]
+            problems.append((part, f"pushdown: part {part} output {j} ({specs[part].outputs[j]}): {text}"))
+
+    only_pushed, pushdowns = pushed_down(program)
+    PUSHED_OUTPUTS.extend(pushdown.description for pushdown in pushdowns)
+    before, after = graph_flops(program.graph), graph_flops(only_pushed.graph)
+    if before is not None and after is not None and after > before:
+        problems += [(part, f"pushdown raised the FLOPs from {before} to {after}") for part in range(len(specs))]
+    sets = [combined_inputs(specs)] + ([combined_inputs(specs, OTHER_BATCH)] if any(s.dynamic_batch for s in specs) else [])
+    candidates = [("ATen", program, lambda p: strideguard.densify_outputs(p, pushdown=True), lower_outputs)]
+    for skip_dim_order in (False, True):
+        try:
+            edge = edge_program(export_combined(specs), skip_dim_order=skip_dim_order)
+        except Exception:  # noqa: BLE001 - to_edge's limit, checked by check_batch
+            continue
+        prepare = lambda p: strideguard.prepare_for_aoti(p, pushdown=True)  # noqa: E731
+        judge = lower_edge_outputs if not skip_dim_order else None
+        candidates.append((f"Edge ({'memory-format' if skip_dim_order else 'dim-order'})", edge, prepare, judge))
+    for name, original, fix, lower in candidates:
+        before_snapshot = snapshot(original)
+        fixed = fix(original)
+        check_is_sound_rewrite(original, fixed, before_snapshot)
+        for inputs in sets if name == "ATen" or keeps_dynamic_batch(original) else sets[:1]:
+            for index, (want, got) in enumerate(zip(run(original, inputs), run(fixed, inputs))):
+                if isinstance(want, torch.Tensor):
+                    close = isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype and (
+                        torch.allclose(got, want, rtol=PUSHDOWN_RTOL, atol=PUSHDOWN_ATOL, equal_nan=True)
+                        if want.is_floating_point() else torch.equal(got, want))
+                    expect(close, index, f"{name}: values differ from the original's beyond the tolerance")
+                else:
+                    expect(got == want, index, f"{name}: {got} returned, {want} expected")
+        if lower is None:
+            continue
+        try:
+            lowering = lower(fixed)
+        except Exception as error:  # noqa: BLE001 - lowers untouched but not after pushdown: a finding
+            problems += [(part, f"{name}: Inductor cannot lower the pushed-down program: {_first_line(error)}")
+                         for part in range(len(specs))]
+            continue
+        orders = target_dim_orders(fixed)
+        for index, (lowered, order) in enumerate(zip(lowering.outputs, orders)):
+            if lowered is None or order is None or not _has_elements(lowered.shape):
+                continue
+            expect(layout.has_layout(lowered.shape, lowered.strides, order) is True, index,
+                   f"{name}: Inductor lowers strides {_shown(lowered.strides)}, not dim order {list(order)}")
+    return Sample(problems, {})
+
+
 def _at_batch(strides: Sequence, program: ExportedProgram, batch: int) -> Optional[tuple]:
     """Strides with the batch symbol (the only one generated programs have) set to ``batch``."""
     out = []
@@ -1213,10 +1331,11 @@ REGRESSIONS = Path(__file__).parent / "regressions"
 check), and, while the library bug it shows is open, ``xfail`` with the reason."""
 
 
-ORACLES = ("eager", "batch", "compiled")
+ORACLES = ("eager", "batch", "compiled", "pushdown")
 """Which check found a kept failure: the eager contract of one program (``check_program``), a batch
 judged eagerly on Edge and by Inductor's lowering (``check_batch``), or the compiled sample
-(``check_compiled_sample``). Every replay but the compiled one runs both of the first two."""
+(``check_compiled_sample``), or ``pushdown=True`` (``check_pushdown``). An eager or batch replay runs
+both of the first two."""
 
 
 def oracle_of(record: dict[str, Any]) -> str:
@@ -1258,11 +1377,14 @@ def replay(record: dict[str, Any], directory: str) -> None:
     if oracle == "compiled":
         result = check_compiled_sample([spec], directory)
     else:
-        check_program(spec)
-        result = check_batch([spec])
+        if oracle != "pushdown":
+            check_program(spec)
+        check = check_pushdown if oracle == "pushdown" else check_batch
+        result = check([spec])
+        if oracle != "eager":
+            # An eager finding may be a program Inductor itself cannot lower untouched: set aside, as in the fuzz.
+            assert not result.refused, result.refused
         if not result.problems and record.get("batch"):
-            result = check_batch([ProgramSpec.from_json(member) for member in record["batch"]])
-    if oracle_of(record) != "eager":
-        # An eager finding may be a program Inductor itself cannot lower untouched: set aside, as in the fuzz.
-        assert not result.refused, result.refused
+            # The batch it failed in, as the fuzz ran it: parts Inductor cannot lower untouched are set aside.
+            result = check([ProgramSpec.from_json(member) for member in record["batch"]])
     assert not result.problems, "\n".join(text for _, text in result.problems)

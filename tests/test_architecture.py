@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "strideguard"
 
-ANALYSIS = ["analysis", "replay", "plan", "inductor", "lowering", "layout", "dialect", "records", "fake_values", "program"]
+ANALYSIS = ["analysis", "replay", "plan", "pushdown", "inductor", "lowering", "layout", "dialect", "records", "fake_values", "program"]
 """What is decided about a graph; the passes read it, never the other way round."""
 
 INTEGRATIONS = ["executorch", "cuda_graphs", "verify", "cli", "plot", "demo", "api"]

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
-from strideguard.examples import export_policy
+from strideguard.examples import export_decode_step, export_policy
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -104,6 +104,7 @@ def programs(tmp_path_factory) -> pathlib.Path:
     dynamic = torch.export.export(Dynamic(), (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
     torch.export.save(dynamic, folder / "dynamic.pt2")
     torch.export.save(torch.export.export(UsesCustomOp(), (torch.randn(4),)), folder / "custom_op.pt2")
+    torch.export.save(export_decode_step(batch=1, length=8), folder / "decode.pt2")
     return folder
 
 
@@ -301,3 +302,21 @@ def test_verify_proves_the_fixed_program(programs, tmp_path):
     measured = output["measured"]
     assert measured["strides"] == [112, 14, 1] and measured["storage_offset"] == 0
     assert measured["contiguous"] is True and measured["match"] is True
+
+
+@pytest.mark.aoti
+def test_fix_pushdown_then_verify_against_the_original(programs, tmp_path):
+    source = programs / "decode.pt2"
+    inspected = json.loads(strideguard("inspect", source, "--json").stdout)
+    [output] = inspected["outputs"]
+    assert output["pushdown"].startswith("select(dim=1, -1) pushed through linear") and output["flops_saved"] > 0.8
+    lean = tmp_path / "lean.pt2"
+    result = strideguard("fix", source, "-o", lean, "--pushdown")
+    assert result.returncode == 0, result.stderr
+    assert "computes [0]" not in result.stdout, "the written program has nothing left to push down"
+    result = strideguard("verify", lean, "--reference", source, "--json")
+    assert result.returncode == 0, result.stderr
+    [output] = json.loads(result.stdout)["outputs"]
+    measured = output["measured"]
+    assert measured["strides"] == [512, 1] and measured["in_target_layout"] is True
+    assert 0 <= measured["reference_error"] <= 1e-4

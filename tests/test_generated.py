@@ -152,9 +152,10 @@ def fuzz(minutes: float) -> tuple[int, list[Path]]:
             pass
         kept += [generated.save_regression(spec, text) for spec, text in failures.values()]
         fresh = [PASSED[key] for key in sorted(set(PASSED) - before)]
-        for spec, text, batch in lowered_problems(fresh):
-            COUNTS["failed"] += 1
-            kept.append(generated.save_regression(spec, text, oracle="batch", batch=batch))
+        for oracle, problems in (("batch", lowered_problems(fresh)), ("pushdown", pushdown_problems(fresh))):
+            for spec, text, batch in problems:
+                COUNTS["failed"] += 1
+                kept.append(generated.save_regression(spec, text, oracle=oracle, batch=batch))
         batches += 1
         longest = max(longest, time.monotonic() - started)
     return batches, sorted(set(kept))
@@ -194,6 +195,54 @@ def test_inductor_lowering_agrees_with_every_prediction_and_fix(request, fuzz_mi
     problems = lowered_problems(specs)
     say(request, f"\nlowering oracle: {COUNTS['lowered']} programs judged, {COUNTS['unlowerable']} that Inductor "
                  "cannot lower untouched")
+    assert not problems, "\n".join(f"{text}\n  program: {spec.dumps()}" for spec, text, _ in problems)
+
+
+def pushdown_problems(specs: list[ProgramSpec]) -> list[tuple[ProgramSpec, str, list[ProgramSpec]]]:
+    """``generated.check_pushdown`` on ``specs``, ``LOWERED_BATCH`` at a time."""
+    found = []
+    for start in range(0, len(specs), LOWERED_BATCH):
+        batch = specs[start:start + LOWERED_BATCH]
+        result = generated.check_pushdown(batch)
+        COUNTS["pushed"] += len(batch) - len(result.refused)
+        found += [(batch[part], text, batch) for part, text in result.problems]
+    return found
+
+
+PUSHDOWN_EXAMPLES = 60
+"""Programs made for pushdown (compute a piece can move through, then the piece), on top of the CI set."""
+
+PUSHDOWN_PASSED: dict[str, ProgramSpec] = {}
+
+
+def _pushdown_programs() -> list[ProgramSpec]:
+    """The same pushdown-shaped programs every run, each first held to the eager contract."""
+    if not PUSHDOWN_PASSED:
+
+        @settings(ci_settings(), max_examples=PUSHDOWN_EXAMPLES)
+        @given(spec=generated.programs(generated.pushdown_chains))
+        def run(spec: ProgramSpec):
+            try:
+                generated.check_program(spec)
+            except generated.Rejected:
+                assume(False)
+            PUSHDOWN_PASSED[spec.dumps()] = spec
+
+        run()
+    return [PUSHDOWN_PASSED[key] for key in sorted(PUSHDOWN_PASSED)]
+
+
+def test_pushdown_keeps_the_contract_on_generated_programs(request, fuzz_minutes):
+    if fuzz_minutes:
+        pytest.skip("make fuzz checks pushdown on each batch as it goes")
+    shaped = _pushdown_programs()
+    lowered = lowered_problems(shaped)
+    assert not lowered, "\n".join(f"{text}\n  program: {spec.dumps()}" for spec, text, _ in lowered)
+    specs = _ci_programs() + shaped
+    problems = pushdown_problems(specs)
+    pushed = generated.PUSHED_OUTPUTS
+    say(request, f"\npushdown: {COUNTS['pushed']} programs checked with pushdown=True, {len(pushed)} outputs pushed down")
+    assert len(pushed) >= 20, f"only {len(pushed)} generated outputs were pushed down: {pushed}"
     assert not problems, "\n".join(f"{text}\n  program: {spec.dumps()}" for spec, text, _ in problems)
 
 

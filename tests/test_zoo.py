@@ -25,3 +25,14 @@ def test_zoo_model_is_predicted_and_fixed(model, path):
         f"copies at outputs {judgement.copied}, needed at {judgement.needed} (undecided: {judgement.undecided})"
     )
     assert not judgement.after, judgement.after
+
+
+@pytest.mark.parametrize("model", zoo.DECODERS, ids=[m.name for m in zoo.DECODERS])
+@pytest.mark.parametrize("path", ["aten", "edge"])
+def test_zoo_decoder_pushdown_saves_work_and_lands_dense(model, path):
+    judgement = zoo.judge_pushdown(model, path)
+    assert judgement.pushed and "select(dim=1, -1) pushed through linear" in judgement.pushed[0], judgement.pushed
+    assert judgement.saved > 0.5, judgement.row()
+    assert judgement.flops_after < judgement.flops_before, judgement.row()
+    assert not judgement.after, judgement.after
+    assert judgement.max_error <= 1e-4, judgement.row()

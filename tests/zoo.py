@@ -332,3 +332,100 @@ def _differing(report, before: list, after: list) -> list[str]:
         for record, b, a in zip(report.outputs, before, after)
         if isinstance(b, torch.Tensor) and not (isinstance(a, torch.Tensor) and torch.equal(a, b))
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pushdown on the decoder LMs
+
+
+DECODERS = [model for model in MODELS if model.what.startswith("logits[:, -1, :]") and "decode" not in model.name]
+"""The prefills: a decode step has one position, so its last one is all there is and nothing moves."""
+
+
+@dataclass
+class PushdownJudgement:
+    """One decoder LM with ``pushdown=True`` on one path."""
+
+    model: str
+    path: str
+    pushed: list[str]
+    """Each pushed output, as ``inspect`` describes it."""
+    saved: Optional[float]
+    """The fraction of the pushed producers' FLOPs saved (the logits' pushdown)."""
+    flops_before: int
+    flops_after: int
+    """The whole method's FLOPs, before and after the pushdown."""
+    after: list[str]
+    """Outputs outside their target layout after the fix."""
+    max_error: float
+    """The largest difference from the unfixed program's outputs (eager, or compiled with ``compile=True``)."""
+    source: str = "lowering"
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.pushed) and not self.after and self.flops_after < self.flops_before and self.max_error <= 1e-4
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "path": self.path, "pushdown": self.pushed[0] if self.pushed else None,
+            "saved": None if self.saved is None else round(self.saved, 3),
+            "method_flops_ratio": round(self.flops_after / self.flops_before, 3), "strided_after_fix": len(self.after),
+            "max_error": self.max_error, "checked_by": self.source, "ok": self.ok,
+        }
+
+
+def _largest_difference(before: list, after: list) -> float:
+    errors = [
+        float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        for b, a in zip(before, after)
+        if isinstance(b, torch.Tensor) and isinstance(a, torch.Tensor) and a.is_floating_point()
+    ]
+    return max(errors, default=0.0)
+
+
+def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directory: Optional[str] = None) -> PushdownJudgement:
+    """``densify_outputs(pushdown=True)`` (ATen) or ``DenseOutputsPass(pushdown=True)`` (Edge, ExecuTorch's AOTI
+    path): the logits pushed into the model, fewer FLOPs, every output in its target layout, and values within
+    the pushdown tolerance of the unfixed program's."""
+    from strideguard.pushdown import graph_flops
+    from strideguard.rewrite import pushed_down
+
+    program = model.export()
+    original = program if path == "aten" else edge_of(program)
+    if path == "aten":
+        fixed = strideguard.densify_outputs(original, pushdown=True)
+    else:
+        fixed = DenseOutputsPass(pushdown=True).call(original).exported_program
+    report = strideguard.inspect(original)
+    pushed = [f"[{o.index}] {o.pushdown}" for o in report.outputs if o.pushdown]
+    saved = next((o.flops_saved for o in report.outputs if o.pushdown), None)
+    inputs = tuple(program.example_inputs[0])
+    orders = target_dim_orders(original)
+    if not compile:
+        lowering = (lower_outputs if path == "aten" else lower_edge_outputs)(fixed)
+        returned = _lowered(lowering)
+        with torch.no_grad():
+            error = _largest_difference(_leaves(original.module()(*inputs)), _leaves(fixed.module()(*inputs)))
+        source = "lowering"
+    else:
+        from strideguard.testing.executorch_cpu import lower_and_run
+        from strideguard.verify import compile_program
+
+        workdir = os.path.join(directory, model.name, f"{path}-pushdown")
+        with torch.no_grad():
+            if path == "aten":
+                before = _leaves(compile_program(program, workdir + "-unfixed")(*inputs))
+                after = _leaves(compile_program(fixed, workdir)(*inputs))
+            else:
+                before = lower_and_run(model.export(), inputs, workdir=workdir + "-unfixed").outputs
+                after = lower_and_run(model.export(), inputs, transform_passes=[DenseOutputsPass(pushdown=True)],
+                                      workdir=workdir).outputs
+        returned, error, source = _measured(after), _largest_difference(before, after), "compiled"
+    strided = [
+        f"[{i}] {_text(r[1])}" for i, (r, order) in enumerate(zip(returned, orders))
+        if r is not None and order is not None and layout.has_layout(r[0], r[1], order) is not True
+    ]
+    return PushdownJudgement(
+        model=model.name, path=path, pushed=pushed, saved=saved, flops_before=graph_flops(original.graph),
+        flops_after=graph_flops(pushed_down(original)[0].graph), after=strided, max_error=error, source=source,
+    )
