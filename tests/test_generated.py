@@ -18,6 +18,7 @@ failure of any oracle is written to ``tests/regressions/`` for
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 import traceback
@@ -60,8 +61,12 @@ def fuzz_minutes(request) -> float:
 
 
 def say(request, line: str) -> None:
+    """A line on the terminal even from a passing test (output capture would swallow it otherwise)."""
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
         reporter.write_line(line)
 
 
