@@ -323,10 +323,16 @@ def _compiled_layout(
         )
     if base not in returned and not inductor.lowers_to_kernel_output(producer):
         name = getattr(producer, "__name__", str(producer))
+        # Realized rather than fused, the producer gets Inductor's own layout, which need not be the traced
+        # one (found by ``make fuzz``: ``logical_not`` of a transposed input realized contiguously).
+        base_value = values(base)
+        realized = _replayed_over(chain, base, _restrided(base_value, _contiguous(base_value)), values, op_of)
         return _Compiled(
             strides,
-            undecided=f"a view of {name}, which Inductor may fuse into this output and lay out afresh "
-            "(the copy is then fused too, at no cost)",
+            undecided=f"a view of {name}, which Inductor may fuse into this output and lay out afresh, or "
+            "realize in a layout of its own (the copy is then fused too, at no cost)",
+            alternatives=() if realized is None else (realized,),
+            unknown=realized is None,
         )
     return _Compiled(strides)
 
@@ -357,6 +363,10 @@ def _decomposed(node: Node, values: Values, op_of: Ops) -> Optional[inductor.Dec
         return None
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values)
     return inductor.decomposed(op, args, kwargs)
+
+
+def _contiguous(value: torch.Tensor) -> tuple:
+    return layout.strides_for_order(value.shape, layout.identity_order(value.dim()))
 
 
 def _restrided(value: torch.Tensor, strides: tuple) -> torch.Tensor:
