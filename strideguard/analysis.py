@@ -293,7 +293,7 @@ def _compiled_layout(
         )
     decomposition = _decomposed(base, values, op_of)
     if not chain:
-        if decomposition is not None and _clones_a_strided_input(base, tensor, decomposition, values):
+        if decomposition is not None and _concatenation_chooses_size_one_strides(base, tensor, decomposition, values):
             return _Compiled(
                 decomposition.strides,
                 undecided="Inductor's decomposition clones its one non-empty input, which is not dense, and "
@@ -340,7 +340,7 @@ def _compiled_layout(
 _CONCATENATIONS = frozenset({"cat", "concat", "concatenate", "stack"})
 
 
-def _clones_a_strided_input(base: Node, tensor: torch.Tensor, decomposition, values: Values) -> bool:
+def _concatenation_chooses_size_one_strides(base: Node, tensor: torch.Tensor, decomposition, values: Values) -> bool:
     """A ``cat`` or ``stack`` of one non-empty input becomes ``clone`` of it, and the clone's strides in
     size-one dimensions are Inductor's choice, not the graph's: undecided unless they are those of a
     contiguous tensor (found by ``make fuzz``: ``[5, 1]`` traced ``(1, 5)`` comes back ``(1, 1)``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Optional
 
 import torch
@@ -9,14 +10,21 @@ from torch._guards import detect_fake_mode
 from torch.fx import Node
 from torch.utils import _pytree as pytree
 
+from .dialect import view_twin
+
 
 def call_on_fake_values(op: Any, node: Node, value: Callable[[Node], Any]) -> Any:
-    """Run ``op`` on the fake values of ``node``'s arguments: the value ``node`` would have."""
+    """Run ``op`` on the fake values of ``node``'s arguments: the value ``node`` would have.
+
+    A view copy (``slice_copy``) runs as its view and a contiguous clone: its own kernel asks for a storage
+    offset, which a fake tensor with symbolic sizes has not.
+    """
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), value)
     fake_mode = detect_fake_mode([a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)])
-    if fake_mode is None:
-        return op(*args, **kwargs)
-    with fake_mode:
+    view = view_twin(op) if isinstance(op, torch._ops.OpOverload) and torch.Tag.view_copy in op.tags else None
+    with fake_mode or contextlib.nullcontext():
+        if view is not None:
+            return view(*args, **kwargs).clone(memory_format=torch.contiguous_format)
         return op(*args, **kwargs)
 
 

@@ -26,6 +26,7 @@ output element, a view as nothing.
 
 from __future__ import annotations
 
+import heapq
 import math
 import operator
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.fx import Node
 
-from .dialect import aten_op, op_key
+from .dialect import aten_op, op_key, op_name
 
 aten = torch.ops.aten
 
@@ -116,10 +117,9 @@ class Pushdown:
 
 
 def _op_label(node: Node) -> str:
-    key = op_key(node.target)
     if node.target is operator.getitem:
         return "getitem"
-    return key.split("::")[-1].split(".")[0] if key else str(node.target)
+    return op_name(node.target) or str(node.target)
 
 
 def _value(node: Any) -> Any:
@@ -164,11 +164,10 @@ def returned_cut(node: Any) -> Optional[ReturnedCut]:
     arguments = _arguments(node)
     if key in _SLICES:
         dim = _dim(arguments.get("dim", 0), value.dim())
-        size = _size(value, dim)
-        start, end, step = arguments.get("start"), arguments.get("end"), arguments.get("step", 1)
-        if size is None or not all(isinstance(v, (int, type(None))) for v in (start, end, step)):
+        bounds = _slice_bounds(arguments, _size(value, dim))
+        if bounds is None:
             return None
-        start, end, _ = slice(start, end, step).indices(size)
+        start, end, step = bounds
         return ReturnedCut(node, source, Narrowing(dim, start, max(start, end), step), False,
                            f"slice(dim={arguments.get('dim', 0)}, {_range(arguments)})")
     if key in _SELECTS or key in _NARROWS:
@@ -213,7 +212,7 @@ def _piece(node: Node) -> Optional[ReturnedCut]:
     if not all(type(s) is int for s in sizes):
         return None
     start = sum(sizes[:index])
-    name = op_key(parent.target).split("::")[-1].split(".")[0]
+    name = op_name(parent.target)
     return ReturnedCut(node, source, Narrowing(dim, start, start + sizes[index]), False,
                        f"{name}(dim={arguments.get('dim', 0)})[{index}]", consumes=(parent, *unread))
 
@@ -231,6 +230,15 @@ def _arguments(node: Node) -> dict[str, Any]:
         elif argument.has_default_value():
             named[argument.name] = argument.default_value
     return named
+
+
+def _slice_bounds(arguments: dict, size: Optional[int]) -> Optional[tuple[int, int, int]]:
+    """A slice's ``start, end, step`` made concrete for a dimension of ``size``, as Python's slices are;
+    ``None`` where a size or bound is symbolic."""
+    start, end, step = arguments.get("start"), arguments.get("end"), arguments.get("step", 1)
+    if size is None or not all(isinstance(v, (int, type(None))) for v in (start, end, step)):
+        return None
+    return slice(start, end, step).indices(size)
 
 
 def _dim(dim: int, ndim: int) -> int:
@@ -436,10 +444,10 @@ def _slice(node: Node, narrowing: Narrowing) -> Inputs:
     dim = _dim(arguments.get("dim", 0), value.dim())
     if narrowing.dim != dim:
         return [(x, narrowing)]
-    size, start, end, step = _size(value, dim), arguments.get("start"), arguments.get("end"), arguments.get("step", 1)
-    if size is None or not all(isinstance(v, (int, type(None))) for v in (start, end, step)):
+    bounds = _slice_bounds(arguments, _size(value, dim))
+    if bounds is None:
         return None
-    start, _, step = slice(start, end, step).indices(size)
+    start, _, step = bounds
     first = start + narrowing.start * step
     last = start + (narrowing.start + (narrowing.length - 1) * narrowing.step) * step
     return [(x, Narrowing(dim, first, last + 1, step * narrowing.step))]
@@ -573,22 +581,23 @@ def passes_through(node: Node, narrowing: Narrowing) -> bool:
 # The walk
 
 
-def plan_pushdown(position: int, cut: ReturnedCut) -> Optional[Pushdown]:
-    """How far ``cut`` moves upstream; ``None`` when no producer can be recomputed on a smaller piece."""
+def plan_pushdown(position: int, cut: ReturnedCut, order: dict[Node, int]) -> Optional[Pushdown]:
+    """How far ``cut`` moves upstream; ``None`` when no producer can be recomputed on a smaller piece.
+
+    ``order`` is each node's position in the graph: nodes are visited latest first, so every user of a node
+    has been decided before the node itself."""
     whole = Narrowing(cut.narrowing.dim, 0, _size(_tensor(cut.source), cut.narrowing.dim) or -1)
     if cut.narrowing == whole:
         return None
-    order = {node: index for index, node in enumerate(cut.source.graph.nodes)}
     consumers = {cut.returned, *cut.consumes}
     reader = cut.consumes[0] if cut.consumes else cut.returned
     wanted: dict[Node, list[tuple[Node, Optional[Narrowing]]]] = {cut.source: [(reader, cut.narrowing)]}
     region: list[Node] = []
     narrowings: dict[Node, Narrowing] = {}
     edges: dict[Node, list[tuple[Node, Optional[Narrowing]]]] = {}
-    frontier = {cut.source}
+    frontier, queued = [(-order[cut.source], cut.source)], {cut.source}
     while frontier:
-        node = max(frontier, key=order.__getitem__)
-        frontier.discard(node)
+        node = heapq.heappop(frontier)[1]
         wants = wanted[node]
         narrowing = wants[0][1]
         users_in_region = all(u in consumers or u in narrowings or checks_only_its_type(u) for u in node.users)
@@ -610,7 +619,9 @@ def plan_pushdown(position: int, cut: ReturnedCut) -> Optional[Pushdown]:
         edges[node] = inputs
         for source, wanted_narrowing in inputs:
             wanted.setdefault(source, []).append((node, wanted_narrowing))
-            frontier.add(source)
+            if source not in queued:
+                queued.add(source)
+                heapq.heappush(frontier, (-order[source], source))
     if not any(_computes(node) for node in region):
         return None
     region.sort(key=order.__getitem__)
@@ -658,12 +669,15 @@ def plan_pushdowns(graph: torch.fx.Graph) -> tuple[Pushdown, ...]:
     """A pushdown for every returned cut that can move into at least one producer."""
     found = []
     seen = set()
+    order: Optional[dict[Node, int]] = None
     for position, value in enumerate(graph.output_node().args[0]):
         cut = returned_cut(value)
         if cut is None or value in seen or len(value.users) != 1:
             continue
         seen.add(value)
-        pushdown = plan_pushdown(position, cut)
+        if order is None:
+            order = {node: index for index, node in enumerate(graph.nodes)}
+        pushdown = plan_pushdown(position, cut, order)
         if pushdown is not None:
             found.append(pushdown)
     return tuple(found)

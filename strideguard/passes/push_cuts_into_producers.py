@@ -20,7 +20,7 @@ import torch
 from torch.fx import Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from ..dialect import Dialect, aten_op, narrow_call, op_key, select_call, view_twin
+from ..dialect import Dialect, aten_op, narrow_call, op_key, select_call
 from ..fake_values import call_on_fake_values
 from ..pushdown import FULL, PUSHED_DOWN, Narrowing, Pushdown, checks_only_its_type, passes_through
 
@@ -45,16 +45,10 @@ def _new_node(graph: torch.fx.Graph, target: Any, args: tuple, kwargs: dict, lik
     node.meta.update({key: like.meta[key] for key in _INHERITED_META if key in like.meta})
     # A dict of its own: the original node's ``custom`` belongs to the input program.
     node.meta["custom"] = {**like.meta.get("custom", {}), PUSHED_DOWN: why}
-    op = aten_op(target)
     if target is operator.getitem:
         node.meta["val"] = _value(args[0])[args[1]]
-    elif isinstance(op, torch._ops.OpOverload) and torch.Tag.view_copy in op.tags:
-        # A view copy's own kernel asks for a storage offset, which a fake tensor with symbolic sizes has not.
-        node.meta["val"] = call_on_fake_values(aten_op(view_twin(op)), node, _value).clone(
-            memory_format=torch.contiguous_format
-        )
     else:
-        node.meta["val"] = call_on_fake_values(op, node, _value)
+        node.meta["val"] = call_on_fake_values(aten_op(target), node, _value)
     if "tensor_meta" in like.meta and isinstance(node.meta["val"], torch.Tensor):
         node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
     return node
