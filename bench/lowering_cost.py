@@ -1,10 +1,13 @@
-"""What the lowering oracle costs against a full AOTInductor compile of the same programs.
+"""What the lowering oracle and the closed loop cost against a full AOTInductor compile.
 
 ``strideguard.lowering`` runs AOTInductor's own path up to the lowered graph
-and stops; a full compile goes on to generate C++, compile and link it. Both
-run here on the same programs, the compile with Inductor's caches off (a
-cached compile measures the cache). Medians of ``--repeats`` runs, taken in
-one process. Writes bench/results/lowering.json and prints a table.
+and stops; a full compile goes on to generate C++, compile and link it. For
+each program: the quick ``inspect``, ``inspect(exact=True)`` (the analysis
+and one lowering), ``densify_outputs(exact=True)`` (the fix and the closed
+loop: the fixed program lowered and checked, again for each repair round),
+and a full compile with Inductor's caches off (a cached compile measures the
+cache). Medians of ``--repeats`` runs, taken in one process. Writes
+bench/results/lowering.json and prints a table.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import strideguard  # noqa: E402
 from strideguard.examples import export_policy  # noqa: E402
 from strideguard.lowering import lower_outputs  # noqa: E402
+from strideguard.proof import PROOF_KEY  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -32,9 +37,9 @@ def programs() -> list[tuple[str, torch.export.ExportedProgram]]:
     from tests import programs as test_programs, zoo
 
     found = [("policy head", export_policy(batch=1)), ("41-output test zoo", test_programs.export_zoo())]
-    for name in ("llama-prefill-b2", "t5", "unet"):
-        model = next(m for m in zoo.MODELS if m.name == name)
-        found.append((f"{name} (transformers/diffusers, small config)", model.export()))
+    for model in zoo.MODELS + zoo.LOW_PRECISION:
+        if model.name in ("llama-prefill-b2", "llama-decode-b1", "t5", "vit", "unet", "llama-prefill-b2-bfloat16"):
+            found.append((f"{model.name} (transformers/diffusers, small config)", model.export()))
     return found
 
 
@@ -61,18 +66,27 @@ def main() -> int:
     rows = []
     for name, program in programs():
         lower_outputs(program)  # the first lowering in a process also imports and warms Inductor
+        quick = seconds(lambda: strideguard.inspect(program), arguments.repeats)
         lowering = seconds(lambda: lower_outputs(program), arguments.repeats)
+        exact = seconds(lambda: strideguard.inspect(program, exact=True), arguments.repeats)
+        loop = seconds(lambda: strideguard.densify_outputs(program, exact=True), arguments.repeats)
+        proof = strideguard.densify_outputs(program, exact=True).graph_module.meta[PROOF_KEY]
         compiling = seconds(lambda: compile_cold(program), arguments.repeats)
-        row = {"program": name, "nodes": len(program.graph.nodes), "lowering_s": round(lowering, 2),
-               "compile_s": round(compiling, 2), "ratio": round(lowering / compiling, 3)}
+        row = {"program": name, "nodes": len(program.graph.nodes), "inspect_s": round(quick, 3),
+               "lowering_s": round(lowering, 2), "inspect_exact_s": round(exact, 2), "closed_loop_s": round(loop, 2),
+               "loop_rounds": proof.rounds, "compile_s": round(compiling, 2),
+               "ratio": round(lowering / compiling, 3), "loop_ratio": round(loop / compiling, 3)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "lowering.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print("| program | graph nodes | lowering oracle | full AOTInductor compile (no cache) | ratio |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| program | graph nodes | inspect | lowering oracle | inspect(exact=True) | densify_outputs(exact=True) "
+          "(rounds) | full AOTInductor compile (no cache) | loop / compile |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
-        print(f"| {row['program']} | {row['nodes']} | {row['lowering_s']:.2f} s | {row['compile_s']:.2f} s | {row['ratio']:.2f} |")
+        print(f"| {row['program']} | {row['nodes']} | {row['inspect_s']:.3f} s | {row['lowering_s']:.2f} s | "
+              f"{row['inspect_exact_s']:.2f} s | {row['closed_loop_s']:.2f} s ({row['loop_rounds']}) | "
+              f"{row['compile_s']:.2f} s | {row['loop_ratio']:.2f} |")
     return 0
 
 

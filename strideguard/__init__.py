@@ -5,7 +5,8 @@ why; ``densify_outputs`` and ``prepare_for_aoti`` fix the program before
 compilation with the cheapest copies; ``verify`` compiles, runs and proves it.
 """
 
-from .api import densify_outputs, inspect, prepare_for_aoti
+from .api import aoti_compile_and_package, densify_outputs, inspect, prepare_for_aoti
+from .proof import LayoutNotReached, Proof
 from .plan import EXECUTORCH, NO_CONVERSION, STRIDEGUARD, ConversionPolicy
 from .records import (
     Action,
@@ -28,12 +29,15 @@ __all__ = [
     "ConversionPolicy",
     "Alias",
     "AliasKind",
+    "LayoutNotReached",
     "LayoutReport",
     "OutputCheck",
     "OutputKind",
     "OutputLayout",
+    "Proof",
     "Reason",
     "VerifyReport",
+    "aoti_compile_and_package",
     "densify_outputs",
     "inspect",
     "prepare_for_aoti",

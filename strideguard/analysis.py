@@ -26,7 +26,7 @@ from torch.fx import Node
 from . import inductor, layout
 from .fake_values import call_on_fake_values, storage_key
 from .dialect import Dialect, aten_op, is_higher_order, is_view_op, op_name
-from .program import UserOutput, output_values, placeholder_roles, user_outputs
+from .program import UserOutput, copy_form_of, output_values, placeholder_roles, user_outputs
 from .records import Action, Alias, AliasKind, LayoutReport, OutputKind, OutputLayout, Reason
 
 if TYPE_CHECKING:
@@ -284,6 +284,10 @@ def _compiled_layout(
         return _Compiled(tuple(tensor.stride()), undecided=f"Inductor {how}")
     if base.op != "call_function":
         return _Compiled(tuple(tensor.stride()), undecided=f"a {base.op} node")
+    if copy_form_of(base) is not None and not chain:
+        # A copy strideguard inserted is a form Inductor keeps, and Inductor gives an output that is not a view
+        # exactly the strides it traces for it: those of its op run on its input as compiled.
+        return _Compiled(tuple(call_on_fake_values(aten_op(op_of(base)), base, values).stride()))
     if base in relaid:
         name = _source_name(base, {}, op_of)
         return _Compiled(
@@ -298,6 +302,13 @@ def _compiled_layout(
                 decomposition.strides,
                 undecided="Inductor's decomposition clones its one non-empty input, which is not dense, and "
                 "gives the size-one dimensions strides of its own choosing",
+                unknown=True,
+            )
+        if _copies_a_view_choosing_size_one_strides(base, tensor, values, op_of):
+            return _Compiled(
+                tuple(tensor.stride()),
+                undecided="Inductor's decomposition of this view copy clones a view that is not contiguous, and "
+                "keeps the view's own strides in the size-one dimensions",
                 unknown=True,
             )
         return _Compiled(decomposition.strides if decomposition is not None else tuple(tensor.stride()))
@@ -354,6 +365,22 @@ def _concatenation_chooses_size_one_strides(base: Node, tensor: torch.Tensor, de
     inputs = [v for v in torch.utils._pytree.tree_leaves(torch.fx.node.map_arg(base.args, values)) if isinstance(v, torch.Tensor)]
     non_empty = [v for v in inputs if not any(layout.same_sizes((size,), (0,)) for size in v.shape)]
     return len(non_empty) == 1 or not layout.same_sizes(decomposition.strides, tensor.stride())
+
+
+def _copies_a_view_choosing_size_one_strides(base: Node, tensor: torch.Tensor, values: Values, op_of: Ops) -> bool:
+    """A view copy left a copy (``view_copy`` of a strided view, found by ``make fuzz``): Inductor traces it as
+    a ``clone`` of the view, and where the view is not exactly contiguous Inductor's own view keeps the base's
+    stride in a size-one dimension, which eager (and so the traced value) replaces."""
+    op = aten_op(op_of(base))
+    if not isinstance(op, torch._ops.OpOverload) or torch.Tag.view_copy not in op.tags:
+        return False
+    if not any(layout.same_sizes((size,), (1,)) for size in tensor.shape) or statically_known_true(tensor.numel() < 2):
+        return False
+    source = base.args[0] if base.args and isinstance(base.args[0], Node) else None
+    value = values(source) if source is not None else None
+    if not isinstance(value, torch.Tensor):
+        return False
+    return layout.has_layout(value.shape, value.stride(), layout.identity_order(value.dim())) is not True
 
 
 def _decomposed(node: Node, values: Values, op_of: Ops) -> Optional[inductor.Decomposed]:
@@ -509,6 +536,12 @@ def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFa
             explanation = f"Inductor's lowering returns symbolic strides {shown}: cannot prove them those of its target layout"
         if lowered.copied_by_wrapper:
             explanation += " (its wrapper returns a copy of a weight's view)"
+        if lowered.kernel_memory and in_target is True:
+            in_target, reason = None, Reason.INDUCTOR_DECIDES
+            explanation = (
+                f"Inductor's lowering lays it out {shown}, but it may be computed into memory an extern kernel "
+                "allocated, whose strides in size-one dimensions are the kernel's own"
+            )
         record = replace(
             record,
             strides=layout.format_strides(strides),
@@ -521,3 +554,45 @@ def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFa
         )
         exact.append(replace(fact, layout=record))
     return exact
+
+
+def left_to_backend(
+    facts: list[OutputFacts], graph: torch.fx.Graph, rewritten: Mapping[str, str], unavailable: Optional[str]
+) -> list[OutputFacts]:
+    """``facts`` with each tensor output that an AOTI backend's own passes may re-lay copied.
+
+    Without a lowering, that is every output computed from a node the
+    backend's custom passes or decomposition table rewrite (``rewritten``,
+    by node name, with what rewrites it); when the backend's passes cannot
+    run here at all (``unavailable``), every tensor output.
+    """
+    if not rewritten and unavailable is None:
+        return facts
+    reached: dict[Node, str] = {}
+    for node in graph.nodes:
+        why = rewritten.get(node.name) if node.op == "call_function" else None
+        if why is not None:
+            reached[node] = f"{why} rewrites {node.name}"
+            continue
+        for source in node.all_input_nodes:
+            if source in reached:
+                reached[node] = reached[source]
+                break
+    decided = []
+    for fact in facts:
+        if fact.layout.kind != "tensor" or fact.node is None:
+            decided.append(fact)
+            continue
+        why = unavailable if unavailable is not None else reached.get(fact.node)
+        if why is None:
+            decided.append(fact)
+            continue
+        record = replace(
+            fact.layout,
+            in_target_layout=None,
+            action=Action.COPY,
+            reason=Reason.BACKEND_DECIDES,
+            explanation=f"{why}, after strideguard's passes: copied in a form that holds whatever layout they give it",
+        )
+        decided.append(replace(fact, layout=record))
+    return decided

@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from typing import Any, Optional
+
+import torch
 
 from torch.export import ExportedProgram
 
 from .analysis import OutputFacts, report
+from .backends import Backend, resolve_backend
 from .dialect import dialect_of
 from .plan import EXECUTORCH, STRIDEGUARD, ConversionPolicy
 from .program import require_exported_program, require_flag
 from .records import LayoutReport
 from .pushdown import plan_pushdowns
+from .lowering import ExternKernelMemory
+from .proof import Proof, prove_layouts
 from .rewrite import lower_as_compiled, program_plan, pushed_down, transformed
 
 
-def output_facts(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False) -> list[OutputFacts]:
+def output_facts(
+    program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False, backend: Any = None
+) -> list[OutputFacts]:
     """The facts ``inspect`` reports, with what they were read from: each output's view chain, base and
     fake value as compiled. For tools that draw or explain outputs (the storage plot)."""
     program = require_exported_program(program, "inspect")
     require_flag(exact, "exact", "inspect")
     if not isinstance(policy, ConversionPolicy):
         raise TypeError(f"strideguard.inspect: policy must be a ConversionPolicy, got {type(policy).__name__}")
-    lowering = lower_as_compiled(program, policy=policy) if exact else None
-    facts = list(program_plan(program, policy, lowering=lowering).outputs)
+    backend = _backend(program, backend, "inspect")
+    lowering = lower_as_compiled(program, policy=policy, backend=backend) if exact else None
+    facts = list(program_plan(program, policy, lowering=lowering, backend=backend).outputs)
     pushdowns = {pushdown.output: pushdown for pushdown in plan_pushdowns(program.graph)}
     for number, fact in enumerate(facts):
         pushdown = pushdowns.get(fact.output.position)
@@ -33,7 +43,9 @@ def output_facts(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTO
     return facts
 
 
-def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False) -> LayoutReport:
+def inspect(
+    program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False, backend: Any = None
+) -> LayoutReport:
     """What each user output of ``program`` will look like once compiled with AOTInductor.
 
     For an Edge program, "compiled" means after the AOTI backend has turned
@@ -43,15 +55,40 @@ def inspect(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, 
     By default the answer comes from the graph alone (milliseconds), and an
     output whose layout Inductor decides for itself is reported undecided and
     copied. With ``exact=True`` Inductor's own lowering is run and read
-    (``strideguard.lowering``; about a second for a small program, no code
-    is generated or compiled) and every output is decided by it.
+    (``strideguard.lowering``; no code is generated or compiled: a tenth to
+    a quarter of a full compile, 0.1 s for a policy head, several seconds for
+    a UNet, measured in ``docs/benchmarks.md``) and every output is decided by it.
+
+    ``backend`` names the AOTI backend an Edge program is lowered for (a class
+    deriving from ExecuTorch's ``AotiBackend``, or its name: ``"CudaBackend"``,
+    ``"MetalBackend"``): its own passes and decomposition table run after
+    ExecuTorch's view pass, as its ``preprocess`` runs them
+    (``strideguard.backends``). Without ``exact``, an output computed from
+    something they rewrite is reported undecided and copied; where they
+    cannot run here, every output is.
     """
-    facts = output_facts(program, policy=policy, exact=exact)
+    facts = output_facts(program, policy=policy, exact=exact, backend=backend)
     return report(facts, dialect_of(program), source="lowering" if exact else "analysis")
 
 
+def _backend(program: ExportedProgram, backend: Any, function: str) -> Optional[Backend]:
+    resolved = resolve_backend(backend, function=function)
+    if resolved is not None and not dialect_of(program).is_edge:
+        raise ValueError(
+            f"strideguard.{function}: backend names an ExecuTorch AOTI backend, which compiles Edge programs; "
+            "this is an ATen program"
+        )
+    return resolved
+
+
 def densify_outputs(
-    program: ExportedProgram, *, break_aliases: bool = False, exact: bool = False, pushdown: bool = False
+    program: ExportedProgram,
+    *,
+    break_aliases: bool = False,
+    exact: bool = False,
+    pushdown: bool = False,
+    backend: Any = None,
+    inductor_configs: Optional[dict] = None,
 ) -> ExportedProgram:
     """A new program whose every user output comes back dense in its target layout.
 
@@ -59,11 +96,19 @@ def densify_outputs(
     strided (for an Edge program: once its AOTI backend turns view copies into
     views, as the installed ExecuTorch does), and per output whose layout Inductor
     decides for itself (a copy fused into it where it is computed afresh);
-    nothing else is added. With ``exact=True`` Inductor's lowering decides
-    every output, so only those that would come back strided are copied. With
-    ``break_aliases``, an output sharing memory with an input, a weight or an
-    earlier output gets its own copy too. ``program`` is not modified and its
-    weights are shared, not copied.
+    nothing else is added. Each copy is in a form Inductor keeps
+    (``passes.insert_output_copies.CopyForm``). With ``break_aliases``, an
+    output sharing memory with an input, a weight or an earlier output gets its
+    own copy too. ``program`` is not modified and its weights are shared, not
+    copied.
+
+    With ``exact=True`` Inductor's lowering decides every output, so only those
+    that would come back strided are copied, and then the loop is closed
+    (``strideguard.proof``): the fixed program is lowered again through the same
+    pipeline (``backend``'s for an Edge program, with ``inductor_configs`` for an
+    ATen one), any output still out of layout gets its copy in the strongest
+    form, and ``LayoutNotReached`` is raised if even that does not hold. The
+    proof is in ``result.graph_module.meta["strideguard_proof"]``.
 
     With ``pushdown``, a returned slice, select, narrow or split piece is
     first computed from pieces of its producers' inputs wherever that is
@@ -74,10 +119,18 @@ def densify_outputs(
     program = require_exported_program(program, "densify_outputs")
     require_flag(break_aliases, "break_aliases", "densify_outputs")
     require_flag(exact, "exact", "densify_outputs")
+    backend = _backend(program, backend, "densify_outputs")
+    _require_configs(inductor_configs, "densify_outputs")
     if require_flag(pushdown, "pushdown", "densify_outputs"):
         program = pushed_down(program)[0]
-    lowering = lower_as_compiled(program) if exact else None
-    return transformed(program, EXECUTORCH, break_aliases=break_aliases, lowering=lowering)[0]
+    if not exact:
+        return transformed(program, EXECUTORCH, break_aliases=break_aliases, backend=backend)[0]
+
+    def lower(candidate: ExportedProgram):
+        return lower_as_compiled(candidate, backend=backend, inductor_configs=inductor_configs)
+
+    fixed = transformed(program, EXECUTORCH, break_aliases=break_aliases, lowering=lower(program), backend=backend)[0]
+    return prove_layouts(fixed, lower)[0]
 
 
 def prepare_for_aoti(
@@ -87,6 +140,7 @@ def prepare_for_aoti(
     break_aliases: bool = False,
     exact: bool = False,
     pushdown: bool = False,
+    backend: Any = None,
 ) -> ExportedProgram:
     """Make an ATen or Edge program ready for AOTInductor.
 
@@ -96,8 +150,10 @@ def prepare_for_aoti(
     output that would now come back in another layout (skipped with
     ``copy_outputs=False``, for a runtime such as Metal's that copies every
     output anyway), and leaves no ``detach_copy`` behind. ``exact`` asks
-    Inductor's lowering which outputs need the copy, and ``pushdown`` moves
-    returned pieces into their producers first, as in ``densify_outputs``.
+    Inductor's lowering which outputs need the copy and closes the loop on the
+    result, ``backend`` names the AOTI backend whose own passes run after these,
+    and ``pushdown`` moves returned pieces into their producers first, as in
+    ``densify_outputs``.
     """
     program = require_exported_program(program, "prepare_for_aoti")
     flags = (("copy_outputs", copy_outputs), ("break_aliases", break_aliases), ("exact", exact), ("pushdown", pushdown))
@@ -105,10 +161,68 @@ def prepare_for_aoti(
         require_flag(value, name, "prepare_for_aoti")
     dialect = dialect_of(program)
     if not dialect.is_edge:
+        _backend(program, backend, "prepare_for_aoti")
         return densify_outputs(program, break_aliases=break_aliases, exact=exact, pushdown=pushdown)
+    backend = _backend(program, backend, "prepare_for_aoti")
     if pushdown:
         program = pushed_down(program)[0]
-    lowering = lower_as_compiled(program, policy=STRIDEGUARD) if exact and copy_outputs else None
-    return transformed(
-        program, STRIDEGUARD, break_aliases=break_aliases, copy_outputs=copy_outputs, lowering=lowering, update_values=False
-    )[0]
+    options = dict(break_aliases=break_aliases, copy_outputs=copy_outputs, update_values=False, backend=backend)
+    if not (exact and copy_outputs):
+        return transformed(program, STRIDEGUARD, **options)[0]
+    lowering = lower_as_compiled(program, policy=STRIDEGUARD, backend=backend)
+    fixed = transformed(program, STRIDEGUARD, lowering=lowering, **options)[0]
+    # preprocess runs ExecuTorch's own view pass on what prepare_for_aoti converted, then the backend's.
+    return prove_layouts(fixed, lambda candidate: lower_as_compiled(candidate, backend=backend))[0]
+
+
+def aoti_compile_and_package(
+    program: ExportedProgram, package_path: Optional[str] = None, inductor_configs: Optional[dict] = None
+) -> str:
+    """``torch._inductor.aoti_compile_and_package`` with every user output proven dense first.
+
+    Same signature and return value (the package's path). The program is
+    fixed with ``densify_outputs(exact=True)``: copies decided by Inductor's own
+    lowering under ``inductor_configs``, then the fixed program lowered again
+    and repaired until every output is in its layout (``strideguard.proof``),
+    then compiled. ``program`` is not modified. Edge programs are compiled by
+    ExecuTorch's AOTI backends: use ``strideguard.executorch.DenseOutputsPass``.
+    """
+    program = require_exported_program(program, "aoti_compile_and_package")
+    if dialect_of(program).is_edge:
+        raise ValueError(
+            "strideguard.aoti_compile_and_package compiles ATen programs; an Edge program is compiled by an "
+            "ExecuTorch AOTI backend: add strideguard.executorch.DenseOutputsPass(exact=True) to its transform passes"
+        )
+    if package_path is not None and not isinstance(package_path, (str, os.PathLike)):
+        raise TypeError(f"strideguard.aoti_compile_and_package: package_path must be a path, got {type(package_path).__name__}")
+    _require_configs(inductor_configs, "aoti_compile_and_package")
+    return compile_proven(program, package_path, inductor_configs)[0]
+
+
+def compile_proven(
+    program: ExportedProgram, package_path: Optional[str] = None, inductor_configs: Optional[dict] = None
+) -> tuple[str, Proof]:
+    """``aoti_compile_and_package``'s work, returning the package's path and how its layouts were proven."""
+    configs = dict(inductor_configs or {})
+    user_pass = configs.get("_pre_fusion_custom_pass")
+    if user_pass is not None:
+        raise ValueError(
+            "strideguard.aoti_compile_and_package: inductor_configs sets _pre_fusion_custom_pass, which strideguard "
+            "needs for its own ExternKernelMemory pass"
+        )
+    configs["_pre_fusion_custom_pass"] = ExternKernelMemory()
+
+    def lower(candidate: ExportedProgram):
+        return lower_as_compiled(candidate, inductor_configs=inductor_configs)
+
+    fixed = transformed(program, EXECUTORCH, lowering=lower(program))[0]
+    fixed, proof = prove_layouts(fixed, lower, keeps_kernel_memory=True)
+    path = torch._inductor.aoti_compile_and_package(fixed, package_path=package_path, inductor_configs=configs)
+    return path, proof
+
+
+def _require_configs(inductor_configs: Any, function: str) -> None:
+    if inductor_configs is not None and not (
+        isinstance(inductor_configs, dict) and all(isinstance(key, str) for key in inductor_configs)
+    ):
+        raise TypeError(f"strideguard.{function}: inductor_configs must be a dict of Inductor option names to values")

@@ -183,6 +183,31 @@ def copy_call(dialect: Dialect, dim_order: tuple[int, ...]) -> tuple[Any, dict[s
     return torch.ops.aten.clone.default, {"memory_format": memory_format}
 
 
+def involution_call(dialect: Dialect, dtype: torch.dtype) -> Optional[Any]:
+    """An elementwise op that is its own inverse, bit for bit, on ``dtype``: applied twice it is a copy that
+    Inductor keeps (``neg`` for floating and complex types, ``bitwise_not`` for integers and bool).
+
+    Inductor's ``remove_noop_ops`` drops a ``clone`` (or ``_to_copy``, ``copy``) whose traced layout equals
+    its source's, even where Inductor then lays the source out otherwise, so a clone cannot force an
+    output's layout in that case. Nothing removes a pair of negations: Inductor fuses them into one
+    kernel that reads the source once and writes the output once, in the exact strides traced for it.
+    ``None`` for a dtype neither op takes.
+    """
+    if dtype.is_floating_point or dtype.is_complex:
+        if dtype.itemsize == 1:  # float8 types have no neg kernel
+            return None
+        op = torch.ops.aten.neg.default
+    elif dtype == torch.bool or not dtype.is_floating_point:
+        op = torch.ops.aten.bitwise_not.default
+    else:  # pragma: no cover - every dtype is one of the above
+        return None
+    return _overload(_edge_ops().aten, op._schema.name.split("::")[1], "default") if dialect.is_edge else op
+
+
+def is_involution(target: Any) -> bool:
+    return aten_op(target) in (torch.ops.aten.neg.default, torch.ops.aten.bitwise_not.default)
+
+
 def narrow_call(dialect: Dialect) -> Any:
     """The op taking ``start:end:step`` of one dimension: a view in ATen, ``slice_copy`` in Edge (which the
     AOTI backends turn back into a view)."""

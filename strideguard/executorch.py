@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
@@ -34,7 +34,9 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx.passes.infra.pass_base import PassResult
 
 from . import layout
-from .rewrite import apply_plan, make_plan, pushed_down, transformed, without_garbage_collection
+from .backends import resolve_backend
+from .proof import Proof, prove_layouts
+from .rewrite import apply_plan, lower_as_compiled, make_plan, pushed_down, transformed, without_garbage_collection
 from .dialect import dialect_of, dialect_of_graph
 from .dialect import promised_dim_order
 from .plan import EXECUTORCH, STRIDEGUARD, plan_view_conversion
@@ -59,26 +61,55 @@ class DenseOutputsPass(ExportedProgramPassBase):
     ExecuTorch's ``ReplaceViewCopyWithViewPass`` will turn into a view, and
     that would then come back in another layout than the program promises, is
     followed by one copy into that layout (``_clone_dim_order`` in dim-order
-    mode, ``clone`` in memory-format mode). ``detach_copy``, which the AOTI
-    runtime cannot run, becomes ``alias_copy``. Nothing else changes.
+    mode, ``clone`` in memory-format mode, or a form Inductor cannot drop).
+    ``detach_copy``, which the AOTI runtime cannot run, becomes ``alias_copy``.
+    Nothing else changes.
+
+    ``backend`` names the backend the method is lowered for (its class or
+    name, e.g. ``"CudaBackend"``, with the ``compile_specs`` given to its
+    partitioner; by default the one naming the method ``forward``): its own
+    passes and decomposition table, which ``preprocess`` runs after this pass,
+    are taken into account
+    (``strideguard.backends``). With ``exact=True`` the decision is
+    Inductor's lowering through that backend's pipeline, and the fixed program
+    is lowered again and repaired until every output is proven in layout
+    (``strideguard.proof``; ``LayoutNotReached`` otherwise).
     """
 
-    def __init__(self, *, copy_outputs: bool = True, break_aliases: bool = False, pushdown: bool = False):
+    def __init__(
+        self,
+        *,
+        copy_outputs: bool = True,
+        break_aliases: bool = False,
+        pushdown: bool = False,
+        exact: bool = False,
+        backend: Any = None,
+        compile_specs: Optional[Sequence[Any]] = None,
+    ):
         self.copy_outputs = require_flag(copy_outputs, "copy_outputs", "executorch.DenseOutputsPass")
         self.break_aliases = require_flag(break_aliases, "break_aliases", "executorch.DenseOutputsPass")
         self.pushdown = require_flag(pushdown, "pushdown", "executorch.DenseOutputsPass")
+        self.exact = require_flag(exact, "exact", "executorch.DenseOutputsPass")
+        self.backend = resolve_backend(backend, compile_specs, function="executorch.DenseOutputsPass")
+        self.proof: Optional[Proof] = None
+        """How the last program this pass fixed with ``exact=True`` was proven."""
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
         program = require_exported_program(exported_program, "executorch.DenseOutputsPass")
         pushdowns = ()
         if self.pushdown:
             program, pushdowns = pushed_down(program)
-        program, changed = transformed(
-            program,
-            EXECUTORCH,
-            break_aliases=self.break_aliases,
-            copy_outputs=self.copy_outputs,
-        )
+        options = dict(break_aliases=self.break_aliases, copy_outputs=self.copy_outputs, backend=self.backend)
+        if self.exact and self.copy_outputs:
+
+            def lower(candidate: ExportedProgram):
+                return lower_as_compiled(candidate, backend=self.backend)
+
+            program, changed = transformed(program, EXECUTORCH, lowering=lower(program), **options)
+            program, self.proof = prove_layouts(program, lower)
+            changed = changed or bool(self.proof.strengthened)
+        else:
+            program, changed = transformed(program, EXECUTORCH, **options)
         changed = bool(changed or pushdowns)
         return ExportedProgramPassResult(program if changed else exported_program, changed)
 

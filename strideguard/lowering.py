@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 import sympy
 import torch
 from torch.export import ExportedProgram
+from torch._inductor.custom_graph_pass import CustomSchedulerPass
 from torch.utils import _pytree as pytree
 
 from . import layout
@@ -52,6 +53,10 @@ class LoweredOutput:
     strides: tuple
     storage_offset: Any
     copied_by_wrapper: bool
+    kernel_memory: bool = False
+    """It has a size-one dimension and may be written into memory an extern kernel allocated (in place, or
+    reused once freed), whose strides in size-one dimensions are the kernel's, not Inductor's model of
+    them (``ExternKernelMemory``): ``strides`` may then not be what it returns."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,10 @@ class Lowering:
 
     outputs: tuple[Optional[LoweredOutput], ...]
     seconds: float
+    backend: Optional[str] = None
+    """The AOTI backend whose ``preprocess`` passes ran before Inductor (``None``: ExecuTorch's view pass only)."""
+    unavailable: Optional[str] = None
+    """Why that backend's own passes could not run here; its outputs are then not decided by this lowering."""
 
 
 class LoweringUnavailable(RuntimeError):
@@ -74,12 +83,15 @@ class _Lowered(Exception):
         self.outputs = outputs
 
 
-def lower_outputs(program: ExportedProgram, example_inputs: Optional[Any] = None) -> Lowering:
+def lower_outputs(
+    program: ExportedProgram, example_inputs: Optional[Any] = None, *, inductor_configs: Optional[dict] = None
+) -> Lowering:
     """Lower an ATen ``program`` as ``aoti_compile_and_package`` would and read each user output's layout.
 
     ``example_inputs`` (a tuple, or ``(args, kwargs)``) defaults to the
     program's stored ones, and else to the fake values of its user inputs,
-    which keep its dynamic dimensions symbolic.
+    which keep its dynamic dimensions symbolic. ``inductor_configs`` are the
+    options the program will be compiled with (they can change layouts).
     """
     from .dialect import dialect_of
 
@@ -87,25 +99,28 @@ def lower_outputs(program: ExportedProgram, example_inputs: Optional[Any] = None
         raise ValueError("strideguard: lower_outputs takes an ATen program; use lower_edge_outputs for Edge")
     args, kwargs = _inputs(program, example_inputs)
     module = program.module(check_guards=False)
-    return _with_program_symbols(_lower(module, args, kwargs), program)
+    return _with_program_symbols(_lower(module, args, kwargs, inductor_configs), program)
 
 
-def lower_edge_outputs(program: ExportedProgram, *, convert_views: Optional[Any] = None) -> Lowering:
+def lower_edge_outputs(program: ExportedProgram, *, convert_views: Optional[Any] = None, backend: Optional[Any] = None) -> Lowering:
     """Lower an Edge ``program`` as ExecuTorch's AOTI backend does inside ``preprocess``.
 
     ``convert_views`` turns view copies into views on a copy of the graph
     before lowering; by default it is the installed ExecuTorch's own
     ``ReplaceViewCopyWithViewPass``. Pass ``lambda graph_module: None`` to
     lower the graph as it is (a program ``prepare_for_aoti`` already
-    converted).
+    converted). ``backend`` (a ``strideguard.backends.Backend``) adds what
+    that backend's ``preprocess`` runs next: its custom passes and its
+    decomposition table (``strideguard.backends.run_pipeline``).
     """
-    converted = copy.copy(program)
-    graph_module = copy.deepcopy(program.graph_module)
-    (convert_views or executorch_view_pass())(graph_module)
-    converted._graph_module = graph_module
-    names = set(program.graph_signature.user_inputs)
-    fake_inputs = tuple(n.meta["val"] for n in graph_module.graph.find_nodes(op="placeholder") if n.name in names)
-    return _with_program_symbols(_lower(converted.module(), fake_inputs, {}), program)
+    from .backends import run_pipeline, unavailable_note
+
+    converted = run_pipeline(program, backend, convert_views or executorch_view_pass())
+    names = set(converted.graph_signature.user_inputs)
+    fake_inputs = tuple(n.meta["val"] for n in converted.graph.find_nodes(op="placeholder") if n.name in names)
+    lowering = _with_program_symbols(_lower(converted.module(), fake_inputs, {}), program)
+    note = unavailable_note(backend)
+    return replace(lowering, backend=backend.name if backend is not None else None, unavailable=note)
 
 
 def _with_program_symbols(lowering: Lowering, program: ExportedProgram) -> Lowering:
@@ -128,15 +143,15 @@ def _with_program_symbols(lowering: Lowering, program: ExportedProgram) -> Lower
     outputs = tuple(
         None
         if out is None
-        else LoweredOutput(
-            tuple(map(as_symint, out.shape)),
-            tuple(map(as_symint, out.strides)),
-            as_symint(out.storage_offset),
-            out.copied_by_wrapper,
+        else replace(
+            out,
+            shape=tuple(map(as_symint, out.shape)),
+            strides=tuple(map(as_symint, out.strides)),
+            storage_offset=as_symint(out.storage_offset),
         )
         for out in lowering.outputs
     )
-    return Lowering(outputs, lowering.seconds)
+    return replace(lowering, outputs=outputs)
 
 
 def executorch_view_pass():
@@ -158,13 +173,14 @@ def _inputs(program: ExportedProgram, example_inputs: Optional[Any]) -> tuple[tu
     return tuple(example_inputs), {}
 
 
-def _lower(module: torch.fx.GraphModule, args: tuple, kwargs: dict) -> Lowering:
+def _lower(module: torch.fx.GraphModule, args: tuple, kwargs: dict, inductor_configs: Optional[dict] = None) -> Lowering:
     if not hasattr(torch._inductor.config, _HOOK):
         raise LoweringUnavailable(
             f"strideguard: torch {torch.__version__}'s Inductor has no {_HOOK} hook; "
             "the lowering oracle cannot stop before code generation"
         )
     options = {
+        **(inductor_configs or {}),
         "aot_inductor.package": True,
         _HOOK: _read_outputs_and_stop,
         # A cached compile skips lowering, and with it the hook.
@@ -197,6 +213,7 @@ def _read_outputs_and_stop(nodes):
     from torch._inductor.virtualized import V
 
     graph = V.graph
+    kernel_memory = _kernel_memory(graph)
     outputs = []
     for value in graph.graph_outputs:
         if not (isinstance(value, ir.IRNode) and value.has_tensor_output()) or isinstance(
@@ -210,8 +227,67 @@ def _read_outputs_and_stop(nodes):
             strides = _clone_strides(shape, strides, fixed.dtype)
             outputs.append(LoweredOutput(_plain(shape), _plain(strides), 0, True))
         else:
-            outputs.append(LoweredOutput(_plain(shape), _plain(strides), _plain((fixed.offset,))[0], False))
+            at_risk = _has_size_one_dim(shape) and (fixed.dtype, _numel(shape)) in kernel_memory
+            outputs.append(LoweredOutput(_plain(shape), _plain(strides), _plain((fixed.offset,))[0], False, at_risk))
     raise _Lowered(outputs)
+
+
+def _has_size_one_dim(shape: Sequence) -> bool:
+    """A size-one dimension after the first larger one: where a kernel and Inductor's model of it can place
+    it differently in memory order. A leading run of size-one dimensions (a batch of one) is outermost in
+    both, with the same strides."""
+    inner = list(shape)
+    while inner and inner[0] == 1:
+        inner.pop(0)
+    return any(size == 1 for size in inner) and _numel(shape) != 1
+
+
+def _numel(shape: Sequence) -> Any:
+    count = sympy.Integer(1)
+    for size in shape:
+        count *= size
+    return count
+
+
+def _kernel_allocated(graph) -> list:
+    """Buffers an extern kernel allocates itself (a fallback's outputs) with a size-one dimension: Inductor
+    models their strides from the op's meta function, which need not give the kernel's own strides in those
+    dimensions (measured: CPU flash attention's output, (64, 16, 64, 1) where the model has (64, 16, 16, 1))."""
+    from torch._inductor import ir
+
+    found = []
+    for buffer in graph.buffers:
+        if not isinstance(buffer, (ir.MultiOutput, ir.ExternKernelAlloc)) or not isinstance(buffer.layout, ir.Layout):
+            continue
+        if not isinstance(buffer.layout, ir.NoneLayout):
+            shape = tuple(buffer.get_size())
+            if _has_size_one_dim(shape):
+                found.append(buffer)
+    return found
+
+
+def _kernel_memory(graph) -> set:
+    """``(dtype, numel)`` of each extern-kernel-allocated buffer with a size-one dimension: an output of the
+    same dtype and size may be computed into its memory (in place, or reused) and come back with its strides."""
+    return {(buffer.get_dtype(), _numel(tuple(buffer.get_size()))) for buffer in _kernel_allocated(graph)}
+
+
+class ExternKernelMemory(CustomSchedulerPass):
+    """Inductor's scheduler hook for a real compile: memory an extern kernel allocated with a size-one
+    dimension is never reused or written in place for another buffer, so each output comes back in the
+    strides Inductor lays it out in, as the lowering oracle reads them (``LoweredOutput.kernel_memory``).
+
+    Nothing else changes; the only cost is that those buffers' memory is not recycled.
+    """
+
+    def __call__(self, nodes):
+        from torch._inductor.virtualized import V
+
+        V.graph.never_reuse_buffers.update(buffer.get_name() for buffer in _kernel_allocated(V.graph))
+        return nodes
+
+    def uuid(self) -> str:
+        return "strideguard.lowering.ExternKernelMemory/1"
 
 
 def _returned_as_clone(value, constants) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.export import ExportedProgram
@@ -64,6 +64,27 @@ def placeholder_roles(signature: ExportGraphSignature) -> dict[str, Alias]:
     return roles
 
 
+COPY_TAG = "strideguard_copy"
+"""Key in ``node.meta["custom"]`` (which ``torch.export.save`` and ExecuTorch keep) on every node strideguard
+inserts to copy an output; its value names the copy's form (``passes.insert_output_copies.CopyForm``)."""
+
+
+def copy_form_of(node: Any) -> Optional[str]:
+    """The form of the output copy ``node`` is part of, or ``None`` when strideguard did not insert it."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    custom = node.meta.get("custom")
+    return custom.get(COPY_TAG) if isinstance(custom, dict) else None
+
+
+def output_copies(graph: torch.fx.Graph) -> list[Any]:
+    """The last node of each copy strideguard inserted into ``graph`` (the node that is returned)."""
+    return [
+        node for node in graph.nodes
+        if copy_form_of(node) is not None and not any(copy_form_of(user) is not None for user in node.users)
+    ]
+
+
 @dataclass(frozen=True)
 class UserOutput:
     index: int
@@ -91,8 +112,27 @@ def copy_graph(program: ExportedProgram) -> torch.fx.Graph:
     The fake tensors in ``meta["val"]`` are shared with the original (so their
     storage identities, which tell views from copies, survive), while edits to
     the new nodes and their ``meta`` dicts never reach the original program.
+    Every node keeps its name, which the program's signature refers to.
     """
-    return copy.deepcopy(program.graph)
+    return _keeping_names(program.graph, copy.deepcopy(program.graph))
+
+
+def copy_graph_module(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``copy.deepcopy`` of a graph module (its tensors copied too), every node keeping its name."""
+    copied = copy.deepcopy(graph_module)
+    _keeping_names(graph_module.graph, copied.graph)
+    copied.recompile()
+    return copied
+
+
+def _keeping_names(original: torch.fx.Graph, copied: torch.fx.Graph) -> torch.fx.Graph:
+    """FX renames a copied node whose name shadows a Python builtin (``input`` becomes ``input_1``), but
+    ``torch.export`` names placeholders after the arguments, and the signature names the nodes: put the
+    original names back."""
+    for old, new in zip(original.nodes, copied.nodes):
+        if new.name != old.name:
+            new.name = old.name
+    return copied
 
 
 def signature_following_graph(signature: ExportGraphSignature, graph: torch.fx.Graph) -> ExportGraphSignature:

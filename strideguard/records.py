@@ -64,6 +64,9 @@ class Reason(str, Enum):
     """Inductor lays it out by a choice the graph does not show; copied (``inspect(exact=True)`` asks it)."""
     SYMBOLIC = "symbolic"
     """Its strides are symbolic and cannot be proven those of its target layout; copied."""
+    BACKEND_DECIDES = "backend-decides"
+    """An AOTI backend's own passes rewrite what produces it, or cannot run here to say; copied in a form
+    that holds whatever they do (``exact=True`` runs them)."""
     CONTROL_FLOW = "control-flow"
     """An output of control flow, whose compiled layout is not decided; copied."""
     SHARES_MEMORY = "shares-memory"
@@ -228,6 +231,9 @@ class OutputCheck:
     reference_error: Optional[float] = None
     """With ``verify(..., reference=...)``: the largest difference from the reference program's output
     (0.0 when bitwise equal)."""
+    eager_tolerance: Optional[tuple[float, float]] = None
+    """The ``(rtol, atol)`` within which the output had to equal eager's (``verify.EAGER_TOLERANCES``, or
+    ``verify``'s ``tolerances``); ``None`` when compared exactly (integers, ``bool``) or not a tensor."""
 
     @property
     def ok(self) -> bool:
@@ -245,7 +251,7 @@ class OutputCheck:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("shape", "strides", "target_dim_order", "predicted_strides", "lowered_strides"):
+        for key in ("shape", "strides", "target_dim_order", "predicted_strides", "lowered_strides", "eager_tolerance"):
             data[key] = list(data[key]) if data[key] is not None else None
         data["aliases"] = list(self.aliases)
         data["ok"] = self.ok
@@ -297,9 +303,12 @@ class VerifyReport:
             predicted = "" if o.as_predicted is not False else (
                 f", PREDICTED {list(o.predicted_strides or ())} LOWERED {list(o.lowered_strides or ())}"
             )
+            within = "" if o.match or o.eager_tolerance is None else (
+                f" (rtol {o.eager_tolerance[0]:g}, atol {o.eager_tolerance[1]:g})"
+            )
             lines.append(
                 f"  [{o.index}] {o.name}: strides {list(o.strides)} "
                 f"{'dense' if o.in_target_layout else 'STRIDED'}{alias}, max|err| {o.max_abs_error:g}, "
-                f"{'match' if o.match else 'MISMATCH'}{predicted}"
+                f"{'match' if o.match else 'MISMATCH'}{within}{predicted}"
             )
         return "\n".join(lines)

@@ -20,7 +20,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
-from .analysis import OutputFacts, analyze_outputs, break_shared_memory, exact_facts
+from .analysis import OutputFacts, analyze_outputs, break_shared_memory, exact_facts, left_to_backend
+from .backends import Backend, rewritten_ops
 from .dialect import Dialect, dialect_of, promised_dim_order, verifier_accepts
 from .lowering import Lowering, executorch_view_pass, lower_edge_outputs, lower_outputs
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
@@ -56,6 +57,8 @@ def make_plan(
     break_aliases: bool = False,
     accepts: Optional[Callable[[Any], bool]] = None,
     lowering: Optional[Lowering] = None,
+    backend: Optional[Backend] = None,
+    rewritten: Optional[dict[str, str]] = None,
 ) -> Plan:
     """Decide what to convert and copy in ``graph`` (nothing changes yet).
 
@@ -63,7 +66,10 @@ def make_plan(
     sharing a program loaded with ``torch.export.load`` has lost. With
     ``lowering`` (Inductor's lowering of the graph as converted), each output
     is copied as it says rather than as the analysis does; with
-    ``copy_outputs=False``, none is.
+    ``copy_outputs=False``, none is. Without a lowering, an output that
+    ``backend``'s own passes may re-lay (``rewritten``: the nodes they rewrite,
+    by name) is copied in the form that holds whatever they do; with one, only
+    where that backend's passes could not run.
     """
     conversion = plan_view_conversion(graph, policy if dialect.is_edge else NO_CONVERSION, accepts=accepts)
     returned = output_values(graph)
@@ -85,6 +91,10 @@ def make_plan(
         facts = exact_facts(facts, lowering)
         if break_aliases:
             facts = break_shared_memory(facts)
+        facts = left_to_backend(facts, graph, {}, lowering.unavailable)
+    elif backend is not None:
+        note = None if backend.available else f"{backend.name}'s own passes cannot run here ({backend.unavailable})"
+        facts = left_to_backend(facts, graph, rewritten or {}, note)
     if not copy_outputs:
         facts = [fact.uncopied() for fact in facts]
     return Plan(dialect, conversion, tuple(facts))
@@ -103,16 +113,23 @@ def apply_plan(graph: torch.fx.Graph, plan: Plan, *, update_values: bool = True)
     return changed
 
 
-def lower_as_compiled(program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH) -> Lowering:
-    """Inductor's lowering of ``program`` as the AOTI path compiles it: an ATen program as it is; an Edge
-    program with its view copies converted under ``policy`` and then by the installed ExecuTorch's own
-    pass, which its AOTI backend always runs."""
+def lower_as_compiled(
+    program: ExportedProgram,
+    *,
+    policy: ConversionPolicy = EXECUTORCH,
+    backend: Optional[Backend] = None,
+    inductor_configs: Optional[dict] = None,
+) -> Lowering:
+    """Inductor's lowering of ``program`` as the AOTI path compiles it: an ATen program as it is (with
+    ``inductor_configs``); an Edge program with its view copies converted under ``policy``, then by the
+    installed ExecuTorch's own pass, which its AOTI backend always runs, then by ``backend``'s own passes
+    and decomposition table, as its ``preprocess`` runs them."""
     if not dialect_of(program).is_edge:
-        return lower_outputs(program)
+        return lower_outputs(program, inductor_configs=inductor_configs)
     if policy is EXECUTORCH:
-        return lower_edge_outputs(program)
+        return lower_edge_outputs(program, backend=backend)
     if policy is NO_CONVERSION:
-        return lower_edge_outputs(program, convert_views=lambda graph_module: None)
+        return lower_edge_outputs(program, convert_views=lambda graph_module: None, backend=backend)
 
     accepts = verifier_accepts(program) if policy.careful else None
 
@@ -120,14 +137,23 @@ def lower_as_compiled(program: ExportedProgram, *, policy: ConversionPolicy = EX
         convert_views(plan_view_conversion(graph_module.graph, policy, accepts=accepts))
         executorch_view_pass()(graph_module)
 
-    return lower_edge_outputs(program, convert_views=convert_then_executorch)
+    return lower_edge_outputs(program, convert_views=convert_then_executorch, backend=backend)
 
 
 def program_plan(program: ExportedProgram, policy: ConversionPolicy, **options) -> Plan:
     """``make_plan`` for a whole program, asking its verifier before converting (Edge, careful policies)."""
     dialect = dialect_of(program)
     accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
+    options = _with_rewritten_ops(program, options)
     return make_plan(program.graph, program.graph_signature, dialect, policy, accepts=accepts, **options)
+
+
+def _with_rewritten_ops(program: ExportedProgram, options: dict) -> dict:
+    """``options`` with the nodes the named backend's own passes rewrite, where no lowering runs them."""
+    backend = options.get("backend")
+    if backend is None or options.get("lowering") is not None or not dialect_of(program).is_edge:
+        return options
+    return {**options, "rewritten": rewritten_ops(program, backend)}
 
 
 @contextlib.contextmanager
@@ -165,6 +191,7 @@ def transformed(program: ExportedProgram, policy: ConversionPolicy, *, update_va
     """A copy of ``program`` with its plan (``make_plan`` ``options``) applied, and how many nodes changed."""
     dialect = dialect_of(program)
     accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
+    options = _with_rewritten_ops(program, options)
     with without_garbage_collection():
         graph = copy_graph(program)
         plan = make_plan(graph, program.graph_signature, dialect, policy, accepts=accepts, **options)

@@ -11,7 +11,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import sympy
 import torch
@@ -22,7 +22,7 @@ from . import layout
 from .api import inspect
 from .dialect import dialect_of, target_dim_orders
 from .lowering import lower_outputs
-from .program import require_exported_program, user_outputs
+from .program import output_values, require_exported_program, user_outputs
 from .pushdown import was_pushed_down
 from .records import OutputCheck, VerifyReport
 
@@ -32,6 +32,42 @@ DEVICES = ("cpu", "cuda")
 PUSHDOWN_TOLERANCE = (1e-4, 1e-5)
 """``(rtol, atol)`` within which a pushed-down program's outputs must equal its reference's: a GEMM over
 fewer rows or columns may round differently. Without pushdown the comparison is bitwise."""
+
+EAGER_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+    torch.float32: (1e-4, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+    torch.complex32: (2e-3, 2e-3),
+    torch.complex64: (1e-4, 1e-5),
+    torch.complex128: (1e-7, 1e-7),
+}
+"""``(rtol, atol)`` by dtype within which a compiled output must equal the program run eagerly:
+``|compiled - eager| <= atol + rtol * |eager|`` elementwise, NaN equal to NaN, an infinity only to itself.
+
+Compiled code legitimately rounds differently from eager: Inductor fuses pointwise ops and keeps a
+low-precision intermediate in float32 where eager rounds it after every op, and it may reduce in another
+order. Started from ``torch.testing.assert_close``'s defaults, then:
+
+- ``float32`` (and ``complex64``) stay at ``(1e-4, 1e-5)``, looser than ``assert_close``'s ``1.3e-6``:
+  a compiled GEMM or reduction differs from eager's by more than that on real models.
+- ``bfloat16``: ``rtol`` is ``assert_close``'s ``1.6e-2``, about two units in the last place (``eps`` is
+  ``2**-7``; one ulp is at most ``eps`` relative), so a difference of one or two roundings is equal, while
+  a value 10% off is not (for any ``|eager|`` above 0.2). ``atol`` is raised from ``1e-5`` (less than one
+  bfloat16 ulp anywhere above ``2**-10``, so meaningless for values of order 1) to the same ``1.6e-2``:
+  near zero a value's rounding error is measured against the operands it was computed from (a sum that
+  cancels, a softmax's smallest probabilities), not against itself.
+- ``float16`` (and ``complex32``): the same rule, two ulps (``eps`` is ``2**-10``): ``(2e-3, 2e-3)``,
+  where ``assert_close``'s ``rtol`` of ``1e-3`` is barely one ulp. A value 10% off is unequal above 0.03.
+- ``float64`` (and ``complex128``): ``assert_close``'s ``(1e-7, 1e-7)``.
+
+An output is judged by the loosest entry (the largest ``rtol`` and the largest ``atol``) over its own
+dtype and the floating dtypes of every value computed on the way to it in the graph: ``logits.float()``
+of a bfloat16 model is judged as bfloat16, a float64 output computed in float32 as float32. Inputs and
+weights do not count, eager and compiled get the same ones. A floating dtype not listed here (the
+float8 kinds) gets two ulps, ``2 * torch.finfo(dtype).eps`` for both. Integers and ``bool`` are compared
+exactly. ``verify(..., tolerances={dtype: (rtol, atol)})`` overrides entries.
+"""
 
 
 def aoti_program(program: ExportedProgram, device: str = "cpu") -> ExportedProgram:
@@ -100,14 +136,17 @@ def verify(
     more_inputs: Sequence[Any] = (),
     reference: Optional[ExportedProgram] = None,
     tolerance: tuple[float, float] = PUSHDOWN_TOLERANCE,
+    tolerances: Optional[Mapping[torch.dtype, tuple[float, float]]] = None,
 ) -> VerifyReport:
     """Compile ``program`` with AOTInductor, run it, and check every user output.
 
     ``example_inputs`` is a tuple of positional arguments, or ``(args, kwargs)``;
     by default the program's stored example inputs. ``more_inputs`` are further
     input sets run on the same compiled artifact (a dynamic batch dimension at
-    other sizes). Each output is checked against the program run eagerly and
-    against its target layout (``layout.has_layout``: exact strides, as
+    other sizes). Each output is checked against the program run eagerly
+    (within ``EAGER_TOLERANCES`` for its dtype, entries of which ``tolerances``,
+    a dict from ``torch.dtype`` to ``(rtol, atol)``, overrides; exactly for
+    integers and ``bool``) and against its target layout (``layout.has_layout``: exact strides, as
     ExecuTorch's runtime compares them), and its strides are compared with
     what ``inspect`` predicted and Inductor's lowering gave.
 
@@ -122,6 +161,7 @@ def verify(
         reference = require_exported_program(reference, "verify")
     if not (isinstance(tolerance, tuple) and len(tolerance) == 2 and all(isinstance(t, float) and t >= 0 for t in tolerance)):
         raise TypeError(f"strideguard.verify: tolerance must be a tuple (rtol, atol) of non-negative floats, got {tolerance!r}")
+    table = _tolerance_table(tolerances)
     if not isinstance(device, str) or device not in DEVICES:
         raise ValueError(f"strideguard.verify: device must be one of {', '.join(DEVICES)}, got {device!r}")
     if not isinstance(more_inputs, (list, tuple)):
@@ -145,6 +185,7 @@ def verify(
             expected=expected,
             reference=compiled_reference,
             tolerance=tolerance if was_pushed_down(program.graph) else None,
+            tolerances=table,
         )
 
 
@@ -159,15 +200,19 @@ def check_compiled(
     expected: Optional[Expectations] = None,
     reference: Optional[Any] = None,
     tolerance: Optional[tuple[float, float]] = None,
+    tolerances: Optional[Mapping[torch.dtype, tuple[float, float]]] = None,
 ) -> VerifyReport:
-    """Run an already compiled ``program`` on each input set and check its outputs; with ``reference``
+    """Run an already compiled ``program`` on each input set and check its outputs: against the program run
+    eagerly within ``EAGER_TOLERANCES`` (``tolerances`` overrides entries, as for ``verify``); with ``reference``
     (another compiled callable), against its outputs too: within ``tolerance``, or bitwise when it is ``None``."""
+    table = _tolerance_table(tolerances)
     if example_inputs is None:
         if program.example_inputs is None:
             raise ValueError("strideguard.verify: the program stores no example inputs; pass example_inputs")
         example_inputs = program.example_inputs
     if expected is None:
         expected = Expectations(target_dim_orders(program), (), ())
+    computed = _computed_on_the_way(program)
     input_sets = [_split_inputs(example_inputs)] + [_split_inputs(i) for i in more_inputs]
     eager = program.module()
     runs = []
@@ -177,7 +222,7 @@ def check_compiled(
             sizes = _symbol_values(program, args, kwargs)
             args, kwargs = _to_device((args, kwargs), device)
             got = compiled(*args, **kwargs)
-            checks = _check_outputs(program, got, expected_values, (args, kwargs), expected, sizes)
+            checks = _check_outputs(program, got, expected_values, (args, kwargs), expected, sizes, table, computed)
             if reference is not None:
                 checks = _against_reference(checks, got, reference(*args, **kwargs), tolerance)
             runs.append((f"inputs {number}", checks))
@@ -246,7 +291,10 @@ def _concrete(strides: Optional[tuple], sizes: dict) -> Optional[tuple]:
     return tuple(out)
 
 
-def _check_outputs(program, got, expected_values, inputs, expected: Expectations, sizes: dict) -> tuple[OutputCheck, ...]:
+def _check_outputs(
+    program, got, expected_values, inputs, expected: Expectations, sizes: dict,
+    table: Mapping = EAGER_TOLERANCES, computed: Sequence[frozenset] = (),
+) -> tuple[OutputCheck, ...]:
     specs = user_outputs(program.graph_signature)
     got_leaves = pytree.tree_leaves(got, is_leaf=lambda x: x is None)
     expected_leaves = pytree.tree_leaves(expected_values, is_leaf=lambda x: x is None)
@@ -278,12 +326,20 @@ def _check_outputs(program, got, expected_values, inputs, expected: Expectations
             target_order=expected.target_orders[out.index] if out.index < len(expected.target_orders) else None,
             predicted=at(expected.predicted, out.index),
             lowered=at(expected.lowered, out.index),
+            tolerance=_output_tolerance(
+                reference.dtype, computed[out.index] if out.index < len(computed) else (), table
+            ) if isinstance(reference, torch.Tensor) else None,
         )
         for out, value, reference in zip(specs, got_leaves, expected_leaves)
     )
 
 
-def _check_one(out, value, reference, input_storages, output_storages, *, target_order, predicted, lowered) -> OutputCheck:
+def _check_one(
+    out, value, reference, input_storages, output_storages, *, target_order, predicted, lowered,
+    tolerance: Optional[tuple[float, float]] = None,
+) -> OutputCheck:
+    """One output measured. ``tolerance`` is the ``(rtol, atol)`` its floating values must equal eager's within
+    (``None``: exactly); an integer or ``bool`` output is compared exactly whatever it is."""
     name = getattr(out.spec.arg, "name", None)
     if not isinstance(reference, torch.Tensor):
         # AOTInductor hands back an int or float output as a 0-dim tensor.
@@ -301,14 +357,13 @@ def _check_one(out, value, reference, input_storages, output_storages, *, target
     reference = reference.to(value.device)
     match = value.shape == reference.shape and value.dtype == reference.dtype
     error = 0.0
+    if not (value.is_floating_point() or value.is_complex()):
+        tolerance = None
     if match and value.numel():
         difference = (value.to(torch.complex128 if value.is_complex() else torch.float64)
                       - reference.to(torch.complex128 if reference.is_complex() else torch.float64)).abs()
         error = float(difference.nan_to_num(nan=float("inf")).max()) if not torch.equal(value, reference) else 0.0
-        if value.is_floating_point() or value.is_complex():
-            match = torch.allclose(value, reference, rtol=1e-4, atol=1e-5, equal_nan=True)
-        else:
-            match = torch.equal(value, reference)
+        match = _values_match(value, reference, tolerance)
     order = target_order if target_order is not None else layout.identity_order(value.dim())
     return OutputCheck(
         index=out.index,
@@ -324,7 +379,119 @@ def _check_one(out, value, reference, input_storages, output_storages, *, target
         in_target_layout=layout.has_layout(shape, strides, order) is True,
         aliases=tuple(aliases),
         max_abs_error=error,
+        eager_tolerance=tolerance,
         match=bool(match),
         predicted_strides=predicted,
         lowered_strides=lowered,
     )
+
+
+def _values_match(value: torch.Tensor, reference: torch.Tensor, tolerance: Optional[tuple[float, float]]) -> bool:
+    """Whether ``value`` equals ``reference`` (same shape and dtype): within ``(rtol, atol)`` for floating and
+    complex values, NaN equal to NaN; exactly when ``tolerance`` is ``None`` or the dtype is not floating.
+
+    The comparison runs in float64 (complex128), where the difference of two values of a narrower dtype and
+    the allowance ``atol + rtol * |reference|`` are exact or nearly so: in bfloat16 they would be rounded again.
+    """
+    if value.shape != reference.shape or value.dtype != reference.dtype:
+        return False
+    reference = reference.to(value.device)
+    if tolerance is None or not (value.is_floating_point() or value.is_complex()):
+        return bool(torch.equal(value, reference))
+    if not value.numel():
+        return True
+    wide = torch.complex128 if value.is_complex() else torch.float64
+    rtol, atol = tolerance
+    return bool(torch.isclose(value.to(wide), reference.to(wide), rtol=rtol, atol=atol, equal_nan=True).all())
+
+
+def _tolerance_table(tolerances: Any) -> dict[torch.dtype, tuple[float, float]]:
+    """``EAGER_TOLERANCES`` with the entries of ``tolerances`` (``verify``'s keyword) put over it, checked."""
+    if tolerances is None:
+        return dict(EAGER_TOLERANCES)
+    if not isinstance(tolerances, Mapping):
+        raise TypeError(
+            "strideguard.verify: tolerances must be a dict mapping a torch.dtype to (rtol, atol), "
+            f"got {type(tolerances).__name__}"
+        )
+    table = dict(EAGER_TOLERANCES)
+    for dtype, pair in tolerances.items():
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"strideguard.verify: tolerances keys must be torch dtypes (torch.bfloat16), got {dtype!r}")
+        if not (dtype.is_floating_point or dtype.is_complex):
+            raise ValueError(
+                f"strideguard.verify: tolerances[{dtype}]: {dtype} is compared exactly; "
+                "only floating and complex dtypes take a tolerance"
+            )
+        if not (
+            isinstance(pair, (tuple, list)) and len(pair) == 2
+            and all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in pair)
+        ):
+            raise TypeError(
+                f"strideguard.verify: tolerances[{dtype}] must be a tuple (rtol, atol) of two numbers, got {pair!r}"
+            )
+        if not all(0 <= t < float("inf") for t in pair):
+            raise ValueError(
+                f"strideguard.verify: tolerances[{dtype}] must be (rtol, atol), each finite and non-negative, "
+                f"got {pair!r}"
+            )
+        table[dtype] = (float(pair[0]), float(pair[1]))
+    return table
+
+
+def _loosest(
+    dtypes: Iterable[torch.dtype], table: Mapping[torch.dtype, tuple[float, float]]
+) -> Optional[tuple[float, float]]:
+    """The largest ``rtol`` and the largest ``atol`` over the floating and complex ``dtypes``, each from ``table``
+    or, where it has none, two ulps (``2 * eps``); ``None`` (exact) when none of them has one."""
+    rtol = atol = None
+    for dtype in dtypes:
+        if not (dtype.is_floating_point or dtype.is_complex):
+            continue
+        pair = table.get(dtype)
+        if pair is None:
+            try:
+                eps = torch.finfo(dtype).eps
+            except (TypeError, RuntimeError):  # a packed dtype (float4_e2m1fn_x2) has no ulp to go by
+                continue
+            pair = (2 * eps, 2 * eps)
+        rtol = pair[0] if rtol is None else max(rtol, pair[0])
+        atol = pair[1] if atol is None else max(atol, pair[1])
+    return None if rtol is None else (rtol, atol)
+
+
+def _computed_dtypes(value: Any) -> set:
+    """The dtype a node computes (a single tensor); none for a placeholder or a node of several outputs,
+    whose ``getitem`` users say which one they take."""
+    if not isinstance(value, torch.fx.Node) or value.op not in ("call_function", "call_method", "call_module"):
+        return set()
+    fake = value.meta.get("val")
+    return {fake.dtype} if isinstance(fake, torch.Tensor) else set()
+
+
+def _computed_on_the_way(program: ExportedProgram) -> tuple[frozenset, ...]:
+    """For each user output, the dtypes computed on the way to it in the graph, its own included."""
+    computed: dict[torch.fx.Node, frozenset] = {}
+    for node in program.graph.nodes:
+        found = set(_computed_dtypes(node))
+        for parent in node.all_input_nodes:
+            found |= computed.get(parent, frozenset())
+        computed[node] = frozenset(found)
+    returned = output_values(program.graph)
+    return tuple(
+        computed.get(returned[out.position], frozenset())
+        if out.position < len(returned) and isinstance(returned[out.position], torch.fx.Node) else frozenset()
+        for out in user_outputs(program.graph_signature)
+    )
+
+
+def _output_tolerance(
+    dtype: torch.dtype,
+    computed: Iterable[torch.dtype] = (),
+    table: Mapping[torch.dtype, tuple[float, float]] = EAGER_TOLERANCES,
+) -> Optional[tuple[float, float]]:
+    """The ``(rtol, atol)`` an output of ``dtype`` computed through ``computed`` dtypes must equal eager's within,
+    by ``table`` (``EAGER_TOLERANCES`` with ``verify``'s overrides); ``None``: exactly (integers, ``bool``)."""
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return None
+    return _loosest({dtype, *computed}, table)

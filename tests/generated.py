@@ -46,6 +46,9 @@ from strideguard.executorch import DenseOutputsPass
 from strideguard.lowering import lower_edge_outputs, lower_outputs
 from strideguard.plan import STRIDEGUARD
 from strideguard.testing.executorch_cpu import aoti_edge_program
+from strideguard.passes.insert_output_copies import copied_source
+from strideguard.program import copy_form_of
+from strideguard.dialect import is_involution
 from strideguard.verify import PUSHDOWN_TOLERANCE, compile_program
 
 def _remember_composite_ops() -> None:
@@ -824,15 +827,23 @@ def check_is_sound_rewrite(original: ExportedProgram, result: ExportedProgram, b
 
 
 def new_copies(original: ExportedProgram, result: ExportedProgram, copy_op: Any) -> dict[int, Any]:
-    """The nodes ``result`` adds, by the user output each is returned as; every one is a copy."""
+    """The copies ``result`` adds, by the user output each is returned as.
+
+    A copy is ``copy_op`` or a form Inductor keeps (``CopyForm``): every new node must be tagged as part of
+    one, each copy returned as exactly one output, and its value must have its source's shape and dtype.
+    """
     old = {n.name for n in original.graph.nodes}
     new = [n for n in result.graph.nodes if n.name not in old]
-    assert all(n.target == copy_op for n in new), f"new nodes other than copies: {[str(n.target) for n in new]}"
+    assert all(copy_form_of(n) for n in new), f"new nodes other than copies: {[str(n.target) for n in new]}"
+    assert all(n.target == copy_op for n in new if not is_involution(n.target)), (
+        f"copies by other ops than {copy_op}: {[str(n.target) for n in new]}"
+    )
     returned = user_output_nodes(result)
     copied = {i: node for i, node in enumerate(returned) if node in new}
-    assert len(copied) == len(new), "a new copy is not returned as exactly one output"
-    for node in new:
-        value, source = node.meta["val"], node.args[0].meta["val"]
+    ends = [n for n in new if not any(copy_form_of(user) for user in n.users)]
+    assert len(copied) == len(ends), "a new copy is not returned as exactly one output"
+    for node in ends:
+        value, source = node.meta["val"], copied_source(node).meta["val"]
         assert value.shape == source.shape and value.dtype == source.dtype, f"metadata of {node.name}"
     return copied
 
@@ -949,7 +960,7 @@ def export_combined(specs: Sequence[ProgramSpec]) -> ExportedProgram:
     )
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
 
 
@@ -982,7 +993,7 @@ def _try_each(specs: Sequence[ProgramSpec], attempt, offset: int = 0) -> dict[in
         return {}
     except Exception as error:  # noqa: BLE001 - which part fails is the finding
         if len(specs) == 1:
-            return {offset: _first_line(error)}
+            return {offset: first_line(error)}
     middle = len(specs) // 2
     return {
         **_try_each(specs[:middle], attempt, offset),
@@ -994,7 +1005,7 @@ class _StageFailed(Exception):
     """One stage of an attempt failed; blaming parts needs only that stage."""
 
     def __init__(self, stage, error: Exception):
-        super().__init__(_first_line(error))
+        super().__init__(first_line(error))
         self.stage = stage
 
 
@@ -1009,7 +1020,7 @@ def _without_refused(specs: Sequence[ProgramSpec], attempt, check) -> Sample:
             attempted = attempt(parts)
         except Exception as error:  # noqa: BLE001
             stage = error.stage if isinstance(error, _StageFailed) else attempt
-            blamed = _try_each(parts, stage) or {i: f"fails only together: {_first_line(error)}" for i in range(len(parts))}
+            blamed = _try_each(parts, stage) or {i: f"fails only together: {first_line(error)}" for i in range(len(parts))}
             refused.update({kept[i]: text for i, text in blamed.items()})
             kept = [part for i, part in enumerate(kept) if i not in blamed]
             continue
@@ -1123,7 +1134,7 @@ def _check_batch(specs: list[ProgramSpec], untouched: _Untouched) -> Sample:
             lowering = lower(program)
         except Exception as error:  # noqa: BLE001 - lowers untouched, not after strideguard's rewrite
             for part in range(len(specs)):
-                problems.append((part, f"{path}: Inductor cannot lower the rewritten batch: {_first_line(error)}"))
+                problems.append((part, f"{path}: Inductor cannot lower the rewritten batch: {first_line(error)}"))
             return
         orders = target_dim_orders(program)
         for index, (order, lowered) in enumerate(zip(orders, lowering.outputs)):
@@ -1147,7 +1158,7 @@ def _check_batch(specs: list[ProgramSpec], untouched: _Untouched) -> Sample:
     try:
         converted = lower_as_compiled(edge, policy=STRIDEGUARD)
     except Exception as error:  # noqa: BLE001
-        problems += [(part, f"Edge: Inductor cannot lower strideguard's conversions: {_first_line(error)}")
+        problems += [(part, f"Edge: Inductor cannot lower strideguard's conversions: {first_line(error)}")
                      for part in range(len(specs))]
     else:
         judge_prediction("Edge, strideguard's conversions", strideguard.inspect(edge, policy=STRIDEGUARD), converted)
@@ -1200,7 +1211,7 @@ def _check_compiled(specs: list[ProgramSpec], plain: Any, directory: str) -> Sam
     try:
         dense = compile_program(strideguard.densify_outputs(program), os.path.join(directory, "aten-densified"))
     except Exception as error:  # noqa: BLE001 - compiles untouched but not after the pass: a finding
-        return Sample([(part, f"compiles untouched, not after densify_outputs: {_first_line(error)}")
+        return Sample([(part, f"compiles untouched, not after densify_outputs: {first_line(error)}")
                        for part in range(len(specs))], {})
     lowering = lower_outputs(program)
     batches = [EXAMPLE_BATCH] + ([OTHER_BATCH] if any(s.dynamic_batch for s in specs) else [])
@@ -1276,7 +1287,8 @@ def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> S
     for skip_dim_order in (False, True):
         try:
             edge = edge_program(export_combined(specs), skip_dim_order=skip_dim_order)
-        except Exception:  # noqa: BLE001 - to_edge's limit, checked by check_batch
+            run(edge, sets[0])
+        except Exception:  # noqa: BLE001 - to_edge's limit (an Edge program that cannot run untouched), as check_batch sets aside
             continue
         prepare = lambda p: strideguard.prepare_for_aoti(p, pushdown=True)  # noqa: E731
         judge = lower_edge_outputs if not skip_dim_order else None
@@ -1299,7 +1311,7 @@ def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> S
         try:
             lowering = lower(fixed)
         except Exception as error:  # noqa: BLE001 - lowers untouched but not after pushdown: a finding
-            problems += [(part, f"{name}: Inductor cannot lower the pushed-down program: {_first_line(error)}")
+            problems += [(part, f"{name}: Inductor cannot lower the pushed-down program: {first_line(error)}")
                          for part in range(len(specs))]
             continue
         orders = target_dim_orders(fixed)

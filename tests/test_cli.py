@@ -320,3 +320,34 @@ def test_fix_pushdown_then_verify_against_the_original(programs, tmp_path):
     measured = output["measured"]
     assert measured["strides"] == [512, 1] and measured["in_target_layout"] is True
     assert 0 <= measured["reference_error"] <= 1e-4
+
+
+def test_fix_exact_says_how_the_fixed_program_was_proven(programs, tmp_path):
+    fixed = tmp_path / "fixed.pt2"
+    result = strideguard("fix", programs / "policy.pt2", "-o", fixed, "--exact")
+    assert result.returncode == 0, result.stderr
+    assert "proven in its layout by Inductor's lowering of the fixed program (1 lowering" in result.stdout
+    report = json.loads(strideguard("inspect", fixed, "--json", "--exact").stdout)
+    assert report["ok"] is True and report["source"] == "lowering"
+    assert report["outputs"][0]["strides"] == [112, 14, 1]
+
+
+@pytest.mark.aoti
+def test_compile_writes_a_package_whose_outputs_come_back_dense(programs, tmp_path):
+    source = programs / "policy.pt2"
+    before = digest(source)
+    package = tmp_path / "policy.compiled.pt2"
+    result = strideguard("compile", source, "-o", package)
+    assert result.returncode == 0, result.stderr
+    assert "proven in its layout" in result.stdout
+    assert digest(source) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["policy.compiled.pt2"], "no temporary file is left behind"
+    program = torch.export.load(source)
+    runner = torch._inductor.aoti_load_package(str(package))
+    args = program.example_inputs[0]
+    got, want = runner(*args), program.module()(*args)
+    assert got.stride() == (112, 14, 1) and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    refused = strideguard("compile", source, "-o", package)
+    assert refused.returncode == 2 and "--force" in refused.stderr
+    assert strideguard("compile", source, "-o", source, "--force").returncode == 2
+    assert digest(source) == before

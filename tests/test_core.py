@@ -10,7 +10,10 @@ import torch
 
 import strideguard
 from strideguard import Action, AliasKind, Reason
+from strideguard.dialect import is_involution
 from strideguard.layout import has_layout
+from strideguard.passes.insert_output_copies import copied_source
+from strideguard.program import output_copies
 from strideguard.verify import check_compiled
 
 from . import programs
@@ -99,16 +102,20 @@ def test_densify_inserts_one_copy_per_flagged_output_and_nothing_else(zoo, zoo_f
     before = [n for n in zoo.graph.nodes]
     after = [n for n in zoo_fixed.graph.nodes]
     new_nodes = [n for n in after if n.name not in {b.name for b in before}]
-    assert len(new_nodes) == len(flagged)
-    assert all(n.target is torch.ops.aten.clone.default for n in new_nodes)
-    assert all(n.kwargs["memory_format"] == torch.contiguous_format for n in new_nodes)
+    copies = output_copies(zoo_fixed.graph)
+    assert len(copies) == len(flagged)
+    assert set(new_nodes) == {n for copy in copies for n in (copy, copy.args[0], copy.args[0].args[0])}
+    clones = [copy.args[0].args[0] for copy in copies]
+    assert all(n.target is torch.ops.aten.clone.default for n in clones)
+    assert all(n.kwargs["memory_format"] == torch.contiguous_format for n in clones)
+    assert all(is_involution(n.target) for n in new_nodes if n not in clones)
     returned = list(zoo_fixed.graph.output_node().args[0])
     user = [s for s in zoo_fixed.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
     for i in flagged:
         spec = user[i]
-        node = next(n for n in new_nodes if n.name == spec.arg.name)
+        node = next(n for n in copies if n.name == spec.arg.name)
         assert node in returned
-        source = node.args[0]
+        source = copied_source(node)
         assert node.meta["stack_trace"] == source.meta.get("stack_trace")
         value = node.meta["val"]
         assert tuple(value.shape) == tuple(source.meta["val"].shape)
@@ -194,7 +201,7 @@ def test_break_aliases_gives_every_output_its_own_memory(zoo, zoo_unaliased_comp
 def test_break_aliases_copies_only_outputs_that_still_share(zoo):
     plain = strideguard.inspect(strideguard.densify_outputs(zoo))
     unaliased = strideguard.densify_outputs(zoo, break_aliases=True)
-    added = len(unaliased.graph.nodes) - len(strideguard.densify_outputs(zoo).graph.nodes)
+    added = len(output_copies(unaliased.graph)) - len(output_copies(strideguard.densify_outputs(zoo).graph))
     still_shared = [o for o in plain.outputs if any(a.kind is not AliasKind.OUTPUT for a in o.aliases)]
     groups = {}
     for o in plain.outputs:

@@ -21,6 +21,8 @@ from strideguard import Action
 from strideguard.dialect import aten_op, is_view_op
 from strideguard.executorch import DenseOutputsPass, ReplaceViewCopyWithViewPass, protect_partitioner
 from strideguard.layout import dim_order_of, has_layout
+from strideguard.passes.insert_output_copies import copied_source
+from strideguard.program import output_copies
 from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, lower_and_run
 
 from . import programs
@@ -100,8 +102,10 @@ def test_dense_outputs_pass_makes_every_delegate_output_dense_in_its_promised_or
 def test_dense_outputs_pass_inserts_one_copy_per_output_out_of_layout_and_nothing_else(with_dense_outputs_pass):
     _, edge_program, _ = with_dense_outputs_pass
     returned = list(edge_program.graph.output_node().args[0])
-    copies = [n for n in edge_program.graph.nodes if n.target == ops.edge.dim_order_ops._clone_dim_order.default]
+    copies = output_copies(edge_program.graph)
     assert sorted(returned.index(c) for c in copies) == [0, 1, 3]
+    neg, clone = ops.edge.aten.neg.default, ops.edge.dim_order_ops._clone_dim_order.default
+    assert all([n.target for n in (c, c.args[0], c.args[0].args[0])] == [neg, neg, clone] for c in copies)
     # The returned detach is a copy already (alias_copy, which Inductor lowers natively): not copied twice.
     detach = returned[6]
     assert detach.target == ops.edge.aten.alias_copy.default
@@ -178,9 +182,9 @@ def test_prepare_for_aoti_converts_views_copies_what_needs_it_and_validates(skip
     wrong_op = ops.edge.dim_order_ops._clone_dim_order.default if skip_dim_order else ops.edge.aten.clone.default
     returned = list(prepared.graph.output_node().args[0])
     new = [n for n in prepared.graph.nodes if n.name not in {m.name for m in edge.graph.nodes}]
-    assert {n.target for n in new} == {copy_op}
+    assert {n.target for n in new} == {copy_op, ops.edge.aten.neg.default}
     assert wrong_op not in {n.target for n in new}
-    copied = sorted(returned.index(n) for n in new)
+    copied = sorted(returned.index(n) for n in output_copies(prepared.graph))
     # The slice and select, which ExecuTorch turns into views anyway, are copied; the split
     # chunk is copied only if its split became a view, else the split copy already writes it dense.
     chunk = returned[3]
@@ -189,7 +193,7 @@ def test_prepare_for_aoti_converts_views_copies_what_needs_it_and_validates(skip
     # The slices feeding the score matmul became views and were not copied.
     slices = [n for n in prepared.graph.nodes if n.op == "call_function" and aten_op(n.target) is torch.ops.aten.slice.Tensor]
     copied_slices = [n for n in slices if any(u.target == copy_op for u in n.users)]
-    assert len(slices) == 3 and copied_slices == [returned[0].args[0]]
+    assert len(slices) == 3 and copied_slices == [copied_source(returned[0])]
     # The transposed attention output keeps its promised (contiguous) order: it stays the one
     # copy that writes it, and gets no second one.
     attention = returned[4]

@@ -134,11 +134,29 @@ def lowered_problems(specs: list[ProgramSpec]) -> list[tuple[ProgramSpec, str, l
     found = []
     for start in range(0, len(specs), LOWERED_BATCH):
         batch = specs[start:start + LOWERED_BATCH]
-        result = generated.check_batch(batch)
-        COUNTS["lowered"] += len(batch) - len(result.refused)
-        COUNTS["unlowerable"] += len(result.refused)
-        found += [(batch[part], text, batch) for part, text in result.problems]
+        result, raised = checked_or_raised(generated.check_batch, batch)
+        if result is not None:
+            COUNTS["lowered"] += len(batch) - len(result.refused)
+            COUNTS["unlowerable"] += len(result.refused)
+            found += [(batch[part], text, batch) for part, text in result.problems]
+        found += raised
     return found
+
+
+def checked_or_raised(check, batch: list[ProgramSpec]):
+    """``check(batch)``, and an exception inside the oracle as a failing batch: shrunk to the programs
+    that raise alone (the whole batch when none does), each kept with the exception."""
+    try:
+        return check(batch), []
+    except Exception as error:  # noqa: BLE001 - an oracle that raises is a finding, not the end of the run
+        text = f"{check.__name__} raised {type(error).__name__}: {generated.first_line(error)}"
+    alone = []
+    for spec in batch if len(batch) > 1 else []:
+        try:
+            check([spec])
+        except Exception as error:  # noqa: BLE001
+            alone.append((spec, f"{check.__name__} raised {type(error).__name__}: {generated.first_line(error)}", [spec]))
+    return None, alone or [(batch[0], text, batch)]
 
 
 def fuzz(minutes: float) -> tuple[int, list[Path]]:
@@ -162,6 +180,7 @@ def fuzz(minutes: float) -> tuple[int, list[Path]]:
                 COUNTS["failed"] += 1
                 kept.append(generated.save_regression(spec, text, oracle=oracle, batch=batch))
         batches += 1
+        COUNTS["batches"] += 1
         longest = max(longest, time.monotonic() - started)
     return batches, sorted(set(kept))
 
@@ -172,13 +191,16 @@ def test_generated_programs_keep_the_contract(request, fuzz_minutes):
         assert COUNTS["rejected"] < COUNTS["passed"], "most generated programs were rejected"
         return
     started = time.monotonic()
-    batches, kept = fuzz(fuzz_minutes)
-    checked = COUNTS["passed"] + COUNTS["failed"]
-    minutes = (time.monotonic() - started) / 60
-    say(request, f"\nfuzz: {checked} programs checked in {batches} batches in {minutes:.1f} min "
-                 f"({checked / minutes:.0f} a minute; {COUNTS['lowered']} judged by the lowering oracle, "
-                 f"{COUNTS['unlowerable']} that Inductor cannot lower untouched; {COUNTS['failed']} runs failed, "
-                 f"shrinking included), {COUNTS['rejected']} rejected by the exporters")
+    try:
+        batches, kept = fuzz(fuzz_minutes)
+    finally:
+        checked = COUNTS["passed"] + COUNTS["failed"]
+        minutes = max((time.monotonic() - started) / 60, 1e-9)
+        say(request, f"\nfuzz: {checked} programs checked in {COUNTS['batches']} batches in {minutes:.1f} min "
+                     f"({checked / minutes:.0f} a minute; {COUNTS['lowered']} judged by the lowering oracle, "
+                     f"{COUNTS['unlowerable']} that Inductor cannot lower untouched, {COUNTS['pushed']} by the "
+                     f"pushdown oracle; {COUNTS['failed']} runs failed, shrinking included), "
+                     f"{COUNTS['rejected']} rejected by the exporters")
     assert not kept, "failures kept as regression tests:\n" + "\n".join(str(p) for p in kept)
 
 
@@ -208,9 +230,11 @@ def pushdown_problems(specs: list[ProgramSpec]) -> list[tuple[ProgramSpec, str, 
     found = []
     for start in range(0, len(specs), LOWERED_BATCH):
         batch = specs[start:start + LOWERED_BATCH]
-        result = generated.check_pushdown(batch)
-        COUNTS["pushed"] += len(batch) - len(result.refused)
-        found += [(batch[part], text, batch) for part, text in result.problems]
+        result, raised = checked_or_raised(generated.check_pushdown, batch)
+        if result is not None:
+            COUNTS["pushed"] += len(batch) - len(result.refused)
+            found += [(batch[part], text, batch) for part, text in result.problems]
+        found += raised
     return found
 
 

@@ -9,12 +9,16 @@ eagerly in both dim-order modes, validated.
 from __future__ import annotations
 
 import pytest
+import sympy
 import torch
+from torch.utils import _pytree as pytree
 
 import strideguard
 from strideguard.pushdown import graph_flops
+from strideguard.testing.executorch_cpu import aoti_edge_program
 from strideguard.verify import PUSHDOWN_TOLERANCE, check_compiled
 
+from . import generated
 from .conftest import _compile
 from .generated import edge_program, snapshot
 
@@ -183,3 +187,111 @@ def test_dynamic_batch_pushes_along_other_dimensions():
 def test_verify_takes_a_reference_and_checks_its_tolerance(program):
     with pytest.raises(TypeError, match="tolerance"):
         strideguard.verify(program, reference=program, tolerance=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbolic sizes: a dynamic batch, and values made by factories of the batch's size
+
+
+def bare_symbols(program) -> list[tuple[str, object]]:
+    """Symbolic values stored in a node's arguments as values rather than read from a size node: the
+    generated code then names a symbol (``full((s10, 8, 0), 0)``) it never defines."""
+    return [
+        (node.format_node(), leaf)
+        for node in program.graph.nodes
+        for leaf in pytree.tree_leaves((node.args, node.kwargs))
+        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Basic))
+    ]
+
+
+class Factories(torch.nn.Module):
+    """Returned pieces of values built with ``full``, ``zeros``, ``new_zeros``, ``new_ones``, ``ones`` and
+    ``full_like`` of the batch's (symbolic) size, as a KV cache or a padding is. (No ``split`` or
+    ``chunk``: ExecuTorch's AOTI path specializes the batch of a program that splits.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(HIDDEN, 16)
+        self.proj = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.qkv = torch.nn.Linear(HIDDEN, 3 * HIDDEN)
+
+    def forward(self, x):
+        batch = x.shape[0]
+        return (
+            torch.cat([self.up(x), torch.zeros(batch, POSITIONS, 0)], -1)[..., :5],        # 0 an empty padding
+            (torch.full((batch, POSITIONS, HIDDEN), 0.5) * torch.relu(x))[:, 1:5],         # 1 a full of the batch
+            torch.cat([x.new_zeros(batch, 2, HIDDEN), self.proj(x)], 1)[:, -1],             # 2 a KV cache's update
+            (self.proj(x) + torch.ones(batch, 1, HIDDEN))[..., 3:9],                        # 3 a broadcast ones
+            (self.proj(x) - torch.full_like(x, 2.0)).narrow(1, 2, 3),                       # 4 full_like
+            (self.qkv(x) * x.new_ones(batch, POSITIONS, 3 * HIDDEN))[..., HIDDEN:2 * HIDDEN],  # 5 new_ones
+            (torch.zeros(1, 1, HIDDEN).expand(batch, POSITIONS, HIDDEN) + self.proj(x))[:, :, :7],  # 6 an expand
+        )
+
+
+FACTORY_PUSHED = (0, 2, 3, 4, 5, 6)
+"""The outputs pushdown moves into a producer (1's region is only its mul, of full and relu, each sliced)."""
+
+
+def _factories_program():
+    torch.manual_seed(0)
+    batch = torch.export.Dim("batch", min=2, max=64)
+    # Exported at a batch of 3: ``to_edge`` specializes a batch exported at its minimum (2).
+    return torch.export.export(Factories().eval(), (torch.randn(3, POSITIONS, HIDDEN),), dynamic_shapes=({0: batch},))
+
+
+def _assert_runs_like(pushed, original, sizes=(3, 7)):
+    for size in sizes:
+        x = torch.randn(size, POSITIONS, HIDDEN)
+        for want, got in zip(original.module()(x), pushed.module()(x)):
+            assert got.shape == want.shape and got.shape[0] == size
+            torch.testing.assert_close(got, want, rtol=PUSHDOWN_TOLERANCE[0], atol=PUSHDOWN_TOLERANCE[1])
+
+
+def test_dynamic_batch_factories_push_down_with_sizes_read_from_size_nodes():
+    program = _factories_program()
+    report = strideguard.inspect(program)
+    for index in FACTORY_PUSHED:
+        assert report.outputs[index].pushdown, report.outputs[index]
+    pushed = strideguard.densify_outputs(program, pushdown=True)
+    pushed.validate()
+    assert not bare_symbols(pushed), bare_symbols(pushed)
+    assert strideguard.inspect(pushed, exact=True).ok
+    _assert_runs_like(pushed, program)
+
+
+@pytest.mark.parametrize("skip_dim_order", [False, True], ids=["dim-order", "memory-format"])
+def test_dynamic_batch_factories_push_down_on_edge_with_sizes_read_from_size_nodes(skip_dim_order):
+    edge = aoti_edge_program(_factories_program(), skip_dim_order=skip_dim_order)
+    assert generated.keeps_dynamic_batch(edge)
+    prepared = strideguard.prepare_for_aoti(edge, pushdown=True)
+    prepared.validate()
+    assert any("strideguard_pushdown" in n.meta.get("custom", {}) for n in prepared.graph.nodes)
+    assert not bare_symbols(prepared), bare_symbols(prepared)
+    _assert_runs_like(prepared, edge)
+
+
+EMPTY_CAT = generated.ProgramSpec(
+    inputs=(generated.TensorSpec((3, 8, 0), "float32"),),
+    weights=(),
+    values=(generated.ValueSpec(("input", 0), (
+        generated.Step("cat", ("empty", -1)), generated.Step("squeeze", (-1,)), generated.Step("add", (1.5,)),
+        generated.Step("slice", (1, 1, 7, 1)),
+    )),),
+    outputs=(("value", 0),),
+    dynamic_batch=True,
+)
+"""What the 25-minute fuzz found, as the generator writes it: a ``cat`` of empty tensors only, of a dynamic
+batch. ExecuTorch's ``PruneEmptyTensorsPass`` (in ``to_edge``) replaces it with
+``full(tuple(cat.meta["val"].shape), 0)``: the batch's SymInt stored in the arguments, so that the Edge
+program calls ``full((s10, 8, 0), 0)`` and cannot run, before strideguard sees it."""
+
+
+def test_an_edge_program_that_cannot_run_untouched_is_set_aside_and_pushdown_adds_no_bare_symbol():
+    edge = aoti_edge_program(generated.export_program(EMPTY_CAT), skip_dim_order=False)
+    prepared = strideguard.prepare_for_aoti(edge, pushdown=True)
+    # Whatever the input holds, the pushdown writes no symbolic value of its own.
+    new = {name for name, _ in bare_symbols(prepared)} - {name for name, _ in bare_symbols(edge)}
+    assert not new, new
+    # The oracle sets aside what ExecuTorch cannot run untouched, as check_batch does, instead of raising.
+    assert not generated.check_pushdown([EMPTY_CAT]).problems
+    assert not generated.check_batch([EMPTY_CAT]).problems

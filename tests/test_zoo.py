@@ -36,3 +36,12 @@ def test_zoo_decoder_pushdown_saves_work_and_lands_dense(model, path):
     assert judgement.flops_after < judgement.flops_before, judgement.row()
     assert not judgement.after, judgement.after
     assert judgement.max_error <= 1e-4, judgement.row()
+
+
+@pytest.mark.parametrize("model", zoo.LOW_PRECISION, ids=[m.name for m in zoo.LOW_PRECISION])
+@pytest.mark.parametrize("path", ["aten", "edge"])
+def test_zoo_in_bfloat16_is_proven_compiled_and_verified(model, path, tmp_path):
+    judgement = zoo.judge_proven(model, path, directory=str(tmp_path))
+    assert not judgement.after, judgement.after
+    assert not judgement.wrong, judgement.wrong
+    assert judgement.rounds >= 1

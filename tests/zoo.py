@@ -338,6 +338,88 @@ def _differing(report, before: list, after: list) -> list[str]:
 # Pushdown on the decoder LMs
 
 
+def in_dtype(model: ZooModel, dtype: torch.dtype) -> ZooModel:
+    """``model`` with its weights and floating inputs in ``dtype`` (what GPU deployments run)."""
+
+    def build():
+        module, inputs = model.build()
+        return module.to(dtype), tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
+
+    return ZooModel(f"{model.name}-{str(dtype).removeprefix('torch.')}", model.what, build)
+
+
+LOW_PRECISION = [
+    in_dtype(model, torch.bfloat16)
+    for model in MODELS
+    if model.name in ("llama-prefill-b2", "llama-decode-b1", "vit", "unet")
+]
+"""A decoder's prefill and decode step, a vision transformer and a UNet in bfloat16."""
+
+
+@dataclass
+class ProvenJudgement:
+    """One model fixed with the closed loop (``exact=True``) on one path, then compiled and run."""
+
+    model: str
+    path: str
+    rounds: int
+    """Lowerings the closed loop took (1: the first fix was proven)."""
+    loop_seconds: float
+    strengthened: list[int]
+    """Outputs whose copy the loop had to strengthen."""
+    after: list[str]
+    """Outputs the compiled method returns outside their target layout."""
+    wrong: list[str]
+    """Outputs whose values are outside ``verify``'s tolerance for their dtype."""
+
+    @property
+    def ok(self) -> bool:
+        return not (self.after or self.wrong)
+
+    def row(self) -> dict[str, Any]:
+        return {"model": self.model, "path": self.path, "rounds": self.rounds, "loop_s": round(self.loop_seconds, 2),
+                "strengthened": len(self.strengthened), "strided_after_fix": len(self.after),
+                "values_wrong": len(self.wrong), "ok": self.ok}
+
+
+def judge_proven(model: ZooModel, path: str, *, directory: str) -> ProvenJudgement:
+    """ATen: ``densify_outputs(exact=True)``, then ``strideguard.verify`` (AOTInductor against eager, per-dtype
+    tolerances, layouts). Edge: ``DenseOutputsPass(exact=True)`` for the CPU twin of the CUDA backend inside
+    ExecuTorch's lowering, the delegate run and held to the same layouts and tolerances."""
+    from strideguard.proof import PROOF_KEY
+    from strideguard.verify import EAGER_TOLERANCES
+
+    program = model.export()
+    inputs = tuple(program.example_inputs[0])
+    if path == "aten":
+        fixed = strideguard.densify_outputs(program, exact=True)
+        proof = fixed.graph_module.meta[PROOF_KEY]
+        report = strideguard.verify(fixed)
+        after = [f"[{c.index}] strides {c.strides}, not dim order {c.target_dim_order}"
+                 for c in report.outputs if c.kind == "tensor" and not c.in_target_layout]
+        wrong = [f"[{c.index}] differs from eager by {c.max_abs_error} (tolerance {c.eager_tolerance})"
+                 for c in report.outputs if not c.match]
+        return ProvenJudgement(model.name, path, proof.rounds, proof.seconds, list(proof.strengthened), after, wrong)
+    from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, lower_and_run
+
+    dense = DenseOutputsPass(exact=True, backend=StrideguardCpuAotiBackend)
+    run = lower_and_run(program, inputs, transform_passes=[dense], workdir=os.path.join(directory, model.name, "edge-proven"))
+    orders = target_dim_orders(edge_of(program))
+    with torch.no_grad():
+        expected = _leaves(program.module()(*inputs))
+    after, wrong = [], []
+    for index, (got, want, order) in enumerate(zip(run.outputs, expected, orders)):
+        if not isinstance(want, torch.Tensor):
+            continue
+        if order is not None and layout.has_layout(tuple(got.shape), tuple(got.stride()), order) is not True:
+            after.append(f"[{index}] strides {tuple(got.stride())}, not dim order {list(order)}")
+        rtol, atol = EAGER_TOLERANCES.get(want.dtype, (0.0, 0.0))
+        if got.dtype != want.dtype or got.shape != want.shape or not torch.allclose(got, want, rtol=rtol, atol=atol):
+            wrong.append(f"[{index}] differs from eager beyond (rtol={rtol}, atol={atol})")
+    proof = dense.proof
+    return ProvenJudgement(model.name, path, proof.rounds, proof.seconds, list(proof.strengthened), after, wrong)
+
+
 DECODERS = [model for model in MODELS if model.what.startswith("logits[:, -1, :]") and "decode" not in model.name]
 """The prefills: a decode step has one position, so its last one is all there is and nothing moves."""
 

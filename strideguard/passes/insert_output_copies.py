@@ -1,26 +1,75 @@
 """Insert exactly one copy for each user output that would not come back dense.
 
-The copy goes right after the node it copies, with the op the program's
-dialect accepts (``dialect.copy_call``), and the output node is rewired to it.
-Each new node gets a fake value computed by running the copy op on its input's
-value, the ``tensor_meta`` derived from it where the graph carries those, and
-the stack trace and module stack of the output it serves, so errors and
-profiles point at the user's code.
+The copy goes right after the node it copies and the output node is rewired
+to it. Its form is one Inductor keeps (``CopyForm``): Inductor's
+``remove_noop_ops`` drops a ``clone`` whose traced layout equals its
+source's, even where it then lays the source out otherwise, so the clone is
+followed by a pair of bit-exact involutions, which Inductor computes into a
+fresh buffer in the traced (target) layout; fused, it is still one kernel.
+Every op is one the program's dialect accepts (``dialect.copy_call``,
+``dialect.involution_call``). Each new node gets a fake value computed by
+running its op on its input's value, the ``tensor_meta`` derived from it
+where the graph carries those, and the stack trace and module stack of the
+output it serves, so errors and profiles point at the user's code. Each new
+node is tagged with its form (``program.COPY_TAG``), so the closed loop
+(``strideguard.proof``) can find and strengthen it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from enum import Enum
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch.fx import Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..analysis import OutputFacts
-from ..dialect import Dialect, aten_op, copy_call
+from ..dialect import Dialect, aten_op, copy_call, involution_call
 from ..fake_values import call_on_fake_values
+from ..program import COPY_TAG, copy_form_of
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
+
+
+
+class CopyForm(str, Enum):
+    """How an output is copied; either form is one kernel once Inductor fuses it.
+
+    ``KEPT``, the default: a ``clone``/``_clone_dim_order`` into the target
+    order, then an involution applied twice (``neg`` for floating and complex
+    values, ``bitwise_not`` for integers and ``bool``: bit-exact). Inductor
+    keeps it whatever layout its own trace gives the source: a clone of a
+    source it traces in another layout is kept and dense; a clone of a
+    source traced in the target layout is dropped as a no-op by
+    ``remove_noop_ops`` (even where Inductor then realizes the source
+    otherwise), and the involutions, traced in the target layout, are
+    computed into a fresh dense buffer. ``CLONE`` alone is what a dtype with no
+    involution gets (float8), and what the closed loop replaces when it
+    does not hold.
+    """
+
+    CLONE = "clone"
+    KEPT = "kept"
+
+
+def copy_form_for(source_value: Any, dialect: Dialect) -> CopyForm:
+    """The form Inductor keeps for a source traced as ``source_value`` (``KEPT`` wherever its dtype has an
+    involution)."""
+    if isinstance(source_value, torch.Tensor) and involution_call(dialect, source_value.dtype) is not None:
+        return CopyForm.KEPT
+    return CopyForm.CLONE
+
+
+def _new_node(graph, after: Node, target: Any, args: tuple, kwargs: dict, origin: Node, value, form: CopyForm) -> Node:
+    with graph.inserting_after(after):
+        node = graph.call_function(target, args, kwargs)
+    node.meta.update({key: origin.meta[key] for key in _INHERITED_META if key in origin.meta})
+    node.meta["val"] = call_on_fake_values(aten_op(target), node, value)
+    if "tensor_meta" in origin.meta:
+        node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
+    node.meta["custom"] = {**origin.meta.get("custom", {}), COPY_TAG: form.value}
+    return node
 
 
 def insert_copy(
@@ -29,16 +78,28 @@ def insert_copy(
     dialect: Dialect,
     dim_order: tuple[int, ...],
     value: Callable[[Node], Any],
+    form: Optional[CopyForm] = None,
 ) -> Node:
-    """A new node right after ``source`` copying it into ``dim_order``, with its metadata."""
+    """New nodes right after ``source`` copying it into ``dim_order`` in ``form`` (by default the form
+    Inductor keeps, ``copy_form_for``); returns the last, with its metadata."""
+    form = form or copy_form_for(value(source), dialect)
     target, kwargs = copy_call(dialect, dim_order)
-    with graph.inserting_after(source):
-        copy = graph.call_function(target, (source,), kwargs)
-    copy.meta.update({key: source.meta[key] for key in _INHERITED_META if key in source.meta})
-    copy.meta["val"] = call_on_fake_values(aten_op(target), copy, value)
-    if "tensor_meta" in source.meta:
-        copy.meta["tensor_meta"] = _extract_tensor_metadata(copy.meta["val"])
-    return copy
+    last = _new_node(graph, source, target, (source,), kwargs, source, value, form)
+    involution = involution_call(dialect, source.meta["val"].dtype) if form is CopyForm.KEPT else None
+    if involution is not None:
+        for _ in range(2):
+            last = _new_node(graph, last, involution, (last,), {}, source, value, form)
+    return last
+
+
+def copied_source(node: Node) -> Optional[Node]:
+    """The node an inserted copy (``COPY_TAG``) copies, walking back over all of its nodes; ``None`` when
+    ``node`` is not one."""
+    if copy_form_of(node) is None:
+        return None
+    while copy_form_of(node) is not None:
+        node = node.args[0]
+    return node
 
 
 def insert_output_copies(

@@ -13,6 +13,7 @@ torch's own AOTI runner to observe the strides the delegate really returns.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import operator
 import os
@@ -33,8 +34,11 @@ from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPa
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
+from ..program import copy_graph
+
 _CPU_SHIM_PREFIX = "aoti_torch_cpu_"
 _SO_BLOB_KEY_SUFFIX = "_so_blob"
+_WEIGHTS_BLOB_KEY_SUFFIX = "_weights_blob"
 
 
 class _CpuShimKernels(dict):
@@ -188,6 +192,31 @@ class _Capture(ExportedProgramPassBase):
         return ExportedProgramPassResult(exported_program, False)
 
 
+def _private_copy(program: ExportedProgram) -> ExportedProgram:
+    """``program`` under containers of its own, for ExecuTorch to change.
+
+    ExecuTorch's lowering edits the program it works on in place, and some of
+    that program's containers are the caller's: ``run_decompositions`` and
+    ``to_edge`` pass the ``constants`` dict along as it is, so when a delegate
+    takes a lifted constant, ``_unsafe_adjust_original_program`` pops it from
+    the caller's dict (and ``ep.module()`` then fails). The copy has a new
+    graph (new nodes, each with a shallow copy of its meta), signature, call
+    graph and range constraints, and new ``state_dict`` and ``constants`` dicts
+    holding the very same tensors: no weight is copied.
+    """
+    return ExportedProgram(
+        root=program.graph_module,
+        graph=copy_graph(program),
+        graph_signature=copy.deepcopy(program.graph_signature),
+        state_dict=dict(program.state_dict),
+        range_constraints=copy.deepcopy(program.range_constraints),
+        module_call_graph=copy.deepcopy(program.module_call_graph),
+        example_inputs=program.example_inputs,
+        constants=dict(program.constants),
+        verifiers=list(program.verifiers),
+    )
+
+
 def aoti_edge_program(
     program: ExportedProgram, *, transform_passes: Sequence[Callable] = (), skip_dim_order: bool = False
 ) -> ExportedProgram:
@@ -196,7 +225,8 @@ def aoti_edge_program(
     Not ``to_edge``'s: the AOTI partitioner asks that no op be decomposed, so
     a ``split`` stays a ``split_copy`` (which ExecuTorch's view pass converts)
     where ``to_edge`` would write ``split_with_sizes_copy`` (which it does not).
-    Lowering stops at partitioning, which works on fake weights.
+    Lowering stops at partitioning, which works on fake weights. ``program``
+    itself is left as it was.
     """
     from executorch.exir import EdgeCompileConfig
 
@@ -206,7 +236,7 @@ def aoti_edge_program(
     capture = _Capture()
     try:
         to_edge_transform_and_lower(
-            program,
+            _private_copy(program),
             partitioner=[partitioner],
             transform_passes=[*transform_passes, capture],
             compile_config=EdgeCompileConfig(_skip_dim_order=skip_dim_order),
@@ -223,10 +253,11 @@ class DelegateRun:
     """What running a lowered method's delegates produced.
 
     ``outputs`` are the method's user outputs in its return order, exactly as
-    the delegates returned them (strides and storage included).
+    the delegates returned them (strides and storage included); an output the
+    method returns as ``None`` is ``None`` here.
     """
 
-    outputs: list[torch.Tensor]
+    outputs: list[torch.Tensor | None]
     edge_program: ExportedProgram
     so_paths: list[str]
 
@@ -246,6 +277,7 @@ def lower_and_run(
     the partitioner (to observe or alter partitioning). Compiled .so copies are
     kept under ``workdir``. The lowered method may hold several delegates, but
     nothing else: an op left outside every delegate raises NotImplementedError.
+    ``program`` itself is left as it was.
     """
     partitioner: Partitioner = make_partitioner("forward")
     if partitioner_wrapper is not None:
@@ -253,7 +285,7 @@ def lower_and_run(
 
     with capture_compiled_sos(workdir) as so_paths_by_key:
         edge_manager = to_edge_transform_and_lower(
-            program,
+            _private_copy(program),
             partitioner=[partitioner],
             transform_passes=list(transform_passes),
         )
@@ -266,12 +298,13 @@ def _run_lowered_method(
     edge_program: ExportedProgram,
     inputs: tuple,
     so_paths_by_key: dict[str, str],
-) -> tuple[list[torch.Tensor], list[str]]:
+) -> tuple[list[torch.Tensor | None], list[str]]:
     """Interpret the lowered method: delegate calls and the getitems on them.
 
     A delegate's outputs follow its own sub-program, not the method's return
     order, so the method's ``getitem`` nodes are followed to put each output
-    where the method returns it.
+    where the method returns it. An output that is no node (a ``None`` the
+    method returns) is returned as it is.
     """
     graph_module = edge_program.graph_module
     user_input_names = edge_program.graph_signature.user_inputs
@@ -281,7 +314,7 @@ def _run_lowered_method(
         )
     values: dict[torch.fx.Node, Any] = {}
     used_so_paths: list[str] = []
-    user_output_values: list[torch.Tensor] = []
+    user_output_values: list[torch.Tensor | None] = []
     inputs_by_name = dict(zip(user_input_names, inputs))
 
     for node in graph_module.graph.nodes:
@@ -310,7 +343,7 @@ def _run_lowered_method(
             returned = node.args[0]
             output_specs = edge_program.graph_signature.output_specs
             user_output_values = [
-                values[returned_node]
+                values[returned_node] if isinstance(returned_node, torch.fx.Node) else returned_node
                 for returned_node, spec in zip(returned, output_specs)
                 if spec.kind == OutputKind.USER_OUTPUT
             ]
@@ -342,11 +375,15 @@ def _run_delegate(
 ) -> list[torch.Tensor]:
     """Load one compiled delegate with torch's AOTI runner and run it.
 
-    The .so was built without its weights. ExecuTorch's runtime would load the
-    weights blob through a C entry point torch's Python runner does not expose,
-    so the runner is given the same tensors by name instead: each constant's
-    original FQN names a tensor of the delegate's sub-program, whose
-    ``state_dict`` and ``constants`` are what AOTInductor serialized.
+    The .so was built without its weights. They are loaded as ExecuTorch's AOTI
+    runtime loads them: the weights blob ``preprocess`` stored in the
+    delegate's named data (keyed by the second line of ``processed_bytes``)
+    goes through the .so's ``AOTInductorModelUpdateConstantsFromBlob``, which
+    torch's runner calls from ``update_constant_buffer_from_blob``. Supplying
+    tensors by name instead does not work: AOTInductor names the constants of
+    the module ``preprocess`` unlifts, not the sub-program's, so a lifted
+    constant (``lifted_tensor_0`` in the sub-program) is ``_tensor_constant0``
+    in the .so, its own name as its "original" FQN.
     """
     sub_program = lowered_module.original_module
     expected_inputs = len(sub_program.graph_signature.user_inputs)
@@ -356,15 +393,32 @@ def _run_delegate(
             f"{expected_inputs} user inputs; delegates that borrow the method's "
             "weights are not supported"
         )
-    program_tensors = {**sub_program.state_dict, **sub_program.constants}
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(so_path, 1)
-    constant_fqns = runner.get_constant_names_to_original_fqns()
-    missing = sorted(fqn for fqn in constant_fqns.values() if fqn not in program_tensors)
-    if missing:
-        raise RuntimeError(f"the delegate's program lacks constants {missing}")
-    runner.update_constant_buffer(
-        {name: program_tensors[fqn] for name, fqn in constant_fqns.items()},
-        False,  # use_inactive: fill the buffer the next run reads
-        True,  # validate_full_updates: every constant must be given
-    )
+    if runner.get_constant_names_to_original_fqns():
+        runner.update_constant_buffer_from_blob(_weights_blob_path(lowered_module, os.path.dirname(so_path)))
     return runner.run(delegate_inputs)
+
+
+def _weights_blob_path(lowered_module: LoweredBackendModule, directory: str) -> str:
+    """A file in ``directory`` holding the weights blob a delegate's ``processed_bytes`` name."""
+    lines = lowered_module.processed_bytes.decode("utf-8").splitlines()
+    weights_key = lines[1] if len(lines) > 1 else ""
+    if not weights_key.endswith(_WEIGHTS_BLOB_KEY_SUFFIX):
+        raise RuntimeError(f"the delegate's processed_bytes name no weights blob: {lines}")
+    store = lowered_module.named_data_store_output
+    entries = {} if store is None else {**store.pte_data}
+    if store is not None:
+        for external_entries in store.external_data.values():
+            entries.update(external_entries)
+    if weights_key not in entries:
+        raise RuntimeError(f"the delegate's named data lacks its weights blob {weights_key}")
+    buffer = store.buffers[entries[weights_key].buffer_index]
+    data = buffer if isinstance(buffer, bytes) else buffer.to_bytes()
+    # The key is the blob's SHA-256, so a file named after it is that blob.
+    if hashlib.sha256(data).hexdigest() + _WEIGHTS_BLOB_KEY_SUFFIX != weights_key:
+        raise RuntimeError(f"the delegate's weights blob does not match its key {weights_key}")
+    path = os.path.join(directory, weights_key + ".blob")
+    if not os.path.exists(path):
+        with open(path, "wb") as blob_file:
+            blob_file.write(data)
+    return path

@@ -1,0 +1,195 @@
+"""The closed loop: lower the *fixed* program through the real pipeline, and repair what still breaks.
+
+``densify_outputs(exact=True)`` and its siblings decide their copies from
+Inductor's lowering of the program as handed, which is a prediction about the
+fixed one. Two things can still break it: Inductor may drop a copy (its
+``remove_noop_ops`` removes a ``clone`` traced like its source, however it then
+lays the source out), and an AOTI backend's own passes, which run after
+strideguard's, may re-lay an output. So the fixed program is lowered again,
+through the same pipeline its compile will run (``aoti_compile_and_package``'s
+for ATen; ``AotiBackend.preprocess``'s view pass, custom passes and
+decomposition table for Edge), and every user output is checked against its
+target layout. An output still out of layout gets its copy in the one form that
+holds whatever layout its source is traced in (``CopyForm.KEPT``), replacing
+any weaker copy, and the program is lowered again. If the strongest form does
+not reach the layout either, ``LayoutNotReached`` names the output and the
+cause: strideguard never returns a program that silently breaks the promise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch.export import ExportedProgram
+
+from . import layout
+from .dialect import dialect_of, target_dim_orders
+from .lowering import Lowering, LoweredOutput
+from .passes.insert_output_copies import CopyForm, copied_source, insert_copy
+from .program import copy_form_of, copy_graph, output_values, rebuild, user_outputs
+from .rewrite import without_garbage_collection
+
+logger = logging.getLogger(__name__)
+
+MAX_ROUNDS = 3
+"""Lowerings of the fixed program at most: one to check, one after strengthening copies, one spare."""
+
+
+@dataclass(frozen=True)
+class Proof:
+    """How a fixed program was shown to return every user output in its target layout."""
+
+    rounds: int
+    """Lowerings of the fixed program it took (1: the fix held as planned)."""
+    seconds: float
+    """Time spent lowering the fixed program, all rounds."""
+    strengthened: tuple[int, ...]
+    """User outputs whose copy the loop had to insert or strengthen."""
+    backend: Optional[str] = None
+    unproven: tuple[int, ...] = ()
+    """User outputs in layout in Inductor's lowering that a compile may still write into memory an extern
+    kernel allocated, with the kernel's own strides in size-one dimensions (``LoweredOutput.kernel_memory``).
+    ``strideguard.aoti_compile_and_package`` compiles with ``lowering.ExternKernelMemory``, which rules that
+    out; a compile strideguard does not run cannot be told to, and these are then left unproven (logged)."""
+
+
+@dataclass(frozen=True)
+class Unreached:
+    index: int
+    name: Optional[str]
+    strides: tuple
+    target_order: tuple
+    cause: str
+
+    def __str__(self) -> str:
+        named = f" ({self.name})" if self.name else ""
+        return (
+            f"output {self.index}{named} comes back with strides {list(layout.format_strides(self.strides))}, "
+            f"not those of dim order {list(self.target_order)}: {self.cause}"
+        )
+
+
+class LayoutNotReached(RuntimeError):
+    """The fixed program still returns an output out of its target layout, with a copy in every form."""
+
+    def __init__(self, outputs: tuple[Unreached, ...]):
+        self.outputs = outputs
+        super().__init__("strideguard: cannot reach the promised layout: " + "; ".join(map(str, outputs)))
+
+
+PROOF_KEY = "strideguard_proof"
+"""``graph_module.meta`` key under which a proven program carries its ``Proof``."""
+
+
+def prove_layouts(
+    fixed: ExportedProgram,
+    lower: Callable[[ExportedProgram], Lowering],
+    *,
+    keeps_kernel_memory: bool = False,
+    max_rounds: int = MAX_ROUNDS,
+) -> tuple[ExportedProgram, Proof]:
+    """Lower ``fixed`` with ``lower`` until every user output is in its target layout, strengthening copies.
+
+    Returns the program that was proven (``fixed`` itself when its copies held) and how.
+    Raises ``LayoutNotReached`` when an output is out of layout with the strongest copy in place.
+    ``keeps_kernel_memory``: the compile that follows runs ``lowering.ExternKernelMemory``.
+    """
+    started = time.perf_counter()
+    lowered_seconds = 0.0
+    strengthened: list[int] = []
+    backend = None
+    for round_number in range(1, max_rounds + 1):
+        lowering = lower(fixed)
+        lowered_seconds += lowering.seconds
+        backend = lowering.backend
+        wrong = _out_of_layout(fixed, lowering)
+        if not wrong:
+            unproven = () if keeps_kernel_memory else tuple(
+                index for index, lowered in enumerate(lowering.outputs) if lowered is not None and lowered.kernel_memory
+            )
+            if unproven:
+                logger.warning(
+                    "strideguard: outputs %s may be computed into memory an extern kernel allocated, with its own "
+                    "strides in size-one dimensions; strideguard.aoti_compile_and_package compiles so that they "
+                    "are not", list(unproven),
+                )
+            proof = Proof(round_number, time.perf_counter() - started, tuple(strengthened), backend, unproven)
+            fixed.graph_module.meta[PROOF_KEY] = proof
+            return fixed, proof
+        unreachable = [
+            _unreached(fixed, index, lowered, order, lowering)
+            for index, lowered, order in wrong
+            if copy_form_of(output_values(fixed.graph)[_position(fixed, index)]) == CopyForm.KEPT.value
+        ]
+        if unreachable or round_number == max_rounds:
+            raise LayoutNotReached(tuple(unreachable) or tuple(
+                _unreached(fixed, index, lowered, order, lowering) for index, lowered, order in wrong
+            ))
+        fixed = _with_kept_copies(fixed, [index for index, _, _ in wrong])
+        strengthened += [index for index, _, _ in wrong if index not in strengthened]
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _position(program: ExportedProgram, index: int) -> int:
+    return user_outputs(program.graph_signature)[index].position
+
+
+def _out_of_layout(program: ExportedProgram, lowering: Lowering) -> list[tuple[int, LoweredOutput, tuple]]:
+    orders = target_dim_orders(program)
+    if len(lowering.outputs) != len(orders):
+        raise RuntimeError(
+            f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(orders)} user outputs"
+        )
+    wrong = []
+    for index, (order, lowered) in enumerate(zip(orders, lowering.outputs)):
+        if order is None or lowered is None:
+            continue
+        if layout.has_layout(lowered.shape, lowered.strides, order) is not True:
+            wrong.append((index, lowered, order))
+    return wrong
+
+
+def _unreached(program: ExportedProgram, index: int, lowered: LoweredOutput, order: tuple, lowering: Lowering) -> Unreached:
+    spec = user_outputs(program.graph_signature)[index].spec
+    node = output_values(program.graph)[_position(program, index)]
+    if copy_form_of(node) == CopyForm.KEPT.value:
+        by = f"{lowering.backend}'s own passes or Inductor" if lowering.backend else "Inductor"
+        cause = f"{by} re-lay it after strideguard's strongest copy"
+    elif copy_form_of(node) is not None:
+        cause = "strideguard's copy did not hold"
+    else:
+        cause = "it is not copied"
+    if lowering.unavailable:
+        cause += f" ({lowering.unavailable})"
+    named = copied_source(node) or node
+    name = named.name if isinstance(named, torch.fx.Node) else getattr(spec.arg, "name", None)
+    return Unreached(index, name, tuple(lowered.strides), tuple(order), cause)
+
+
+def _with_kept_copies(program: ExportedProgram, indices: list[int]) -> ExportedProgram:
+    """A new program whose listed user outputs are copied in ``CopyForm.KEPT``, replacing any weaker copy."""
+    dialect = dialect_of(program)
+    orders = target_dim_orders(program)
+    with without_garbage_collection():
+        graph = copy_graph(program)
+        output_node = graph.output_node()
+        returned = list(output_node.args[0])
+        positions = [out.position for out in user_outputs(program.graph_signature)]
+        for index in indices:
+            node = returned[positions[index]]
+            source = copied_source(node) or node
+            returned[positions[index]] = insert_copy(
+                graph, source, dialect, orders[index], lambda n: n.meta.get("val"), CopyForm.KEPT
+            )
+        output_node.args = (type(output_node.args[0])(returned),)
+        graph.eliminate_dead_code(is_impure_node=_only_copies_are_pure)
+        return rebuild(program, graph)
+
+
+def _only_copies_are_pure(node: torch.fx.Node) -> bool:
+    """Dead-code elimination removes only the weaker copies replaced here, never anything of the user's."""
+    return copy_form_of(node) is None
