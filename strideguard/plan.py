@@ -157,11 +157,20 @@ class ViewConversion:
             feeds = [n for n in node.all_input_nodes if n in changed or n in relaid]
             if not feeds or _lays_out_its_own_result(node, self.op_of(node)):
                 continue
-            if node.target is operator.getitem or is_view_op(self.op_of(node)):
+            if node.target is operator.getitem or (is_view_op(self.op_of(node)) and not _converts_dtype(node)):
                 changed.add(node)
             else:
                 relaid.add(node)
         return relaid
+
+
+def _converts_dtype(node: Node) -> bool:
+    """A ``to`` whose schema may alias its input but whose result has another dtype: compute, whose result
+    follows its input's strides (found by ``make fuzz``: ``to(int32)`` of a re-laid ``[1, 1]`` select came
+    back with strides ``(2, 2)``)."""
+    value = node.meta.get("val")
+    source = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], Node) else None
+    return isinstance(value, torch.Tensor) and isinstance(source, torch.Tensor) and value.dtype != source.dtype
 
 
 def _channels_last_input(node: Node) -> bool:
@@ -272,7 +281,12 @@ def plan_view_conversion(
         if node in conversion.later:
             # Converted in preprocess whatever happens here; converting it now too, where the
             # verifier takes the view, keeps the program what the backend will compile.
-            if policy.extra != frozenset() and (accepts is None or accepts(conversion.later[node])):
+            view_op = conversion.later[node]
+            if (
+                policy.extra != frozenset()
+                and (accepts is None or accepts(view_op))
+                and not (policy.careful and _reorders_for_compute(node, conversion.geometry(node), conversion))
+            ):
                 conversion.targets[node] = conversion.later.pop(node)
             decided_returned_storages |= storages(pieces)
             continue
@@ -325,23 +339,37 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
 
     An elementwise op follows its input's dimension order, so its result would
     change layout where the analysis does not look; a matmul on a transposed
-    operand takes another BLAS path and may differ in the last bit. Such a copy
-    stays a copy: it is the one layout change the program asked for.
+    operand takes another BLAS path and may differ in the last bit, and a
+    convolution of a view with gaps, in the same order, may too. Such a
+    copy stays a copy: it is the one layout change the program asked for.
     """
     original = node.meta.get("val")
     new = candidate if isinstance(candidate, list) else [candidate]
     old = list(original) if isinstance(original, (list, tuple)) else [original]
-    reordered = any(
-        isinstance(o, torch.Tensor)
-        and layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(o.shape, o.stride())
-        for g, o in zip(new, old)
-    )
-    if not reordered:
-        return False
+    pairs = [(g, o) for g, o in zip(new, old) if isinstance(o, torch.Tensor)]
     consumers = [u for u in node.users if u.target is not operator.getitem] + [
         w for u in node.users if u.target is operator.getitem for w in u.users
     ]
-    return any(u.op == "call_function" and not is_view_op(conversion.op_of(u)) for u in consumers)
+    computing = [u for u in consumers if u.op == "call_function" and not is_view_op(conversion.op_of(u))]
+    if any(layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(o.shape, o.stride()) for g, o in pairs):
+        return bool(computing)
+    restrided = any(not layout.same_sizes(g.strides, o.stride()) for g, o in pairs)
+    return restrided and any(_picks_its_algorithm_by_layout(conversion.op_of(u)) for u in computing)
+
+
+_LAYOUT_PICKS_ALGORITHM = frozenset({
+    "aten::convolution", "aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d",
+    "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d",
+})
+
+
+def _picks_its_algorithm_by_layout(op: Any) -> bool:
+    """Kernels that choose their algorithm by their input's strides, so that a strided view of the same
+    elements may round differently from the dense copy (found by ``make fuzz``: a convolution of a slice
+    of a channels-last input differs from that of its ``slice_copy`` by one float32 ulp). GEMMs take a view
+    with gaps as it is (a leading dimension), bitwise as its copy: checked by every generated program."""
+    op = aten_op(op)
+    return isinstance(op, torch._ops.OpOverload) and op._schema.name in _LAYOUT_PICKS_ALGORITHM
 
 
 def _conversion_pays(node: Node, candidate: Layout, pieces: list[Node], taken: set) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from dataclasses import dataclass
@@ -14,6 +15,11 @@ import strideguard
 from strideguard.verify import compile_program
 
 from . import programs
+
+HAS_EXECUTORCH = importlib.util.find_spec("executorch") is not None
+needs_executorch = pytest.mark.skipif(not HAS_EXECUTORCH, reason="needs ExecuTorch: pip install '.[executorch]'")
+"""Marks a test of the ExecuTorch path; the ATen path is tested without ExecuTorch installed (a plain
+AOTInductor user's setup)."""
 
 
 @dataclass

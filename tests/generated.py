@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
-from executorch.exir.dialects._ops import ops as exir_ops
 from hypothesis import strategies as st
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -42,14 +41,20 @@ import strideguard
 from strideguard import Action, layout
 from strideguard.rewrite import lower_as_compiled
 from strideguard.dialect import copy_call, dialect_of, target_dim_orders
-from strideguard.executorch import DenseOutputsPass
 from strideguard.lowering import lower_edge_outputs, lower_outputs
 from strideguard.plan import STRIDEGUARD
-from strideguard.testing.executorch_cpu import aoti_edge_program
 from strideguard.passes.insert_output_copies import copied_source
 from strideguard.program import copy_form_of
 from strideguard.dialect import is_involution
 from strideguard.verify import PUSHDOWN_TOLERANCE, compile_program
+
+from .conftest import HAS_EXECUTORCH
+
+if HAS_EXECUTORCH:  # the Edge halves of the checks; the ATen halves run without ExecuTorch
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from strideguard.executorch import DenseOutputsPass
+    from strideguard.testing.executorch_cpu import aoti_edge_program
 
 def _remember_composite_ops() -> None:
     """Compute torch's set of composite-implicit ops once per process rather than in every
@@ -1035,9 +1040,10 @@ class _Untouched:
 
     program: ExportedProgram
     lowering: Any
-    edge: ExportedProgram
+    edge: Optional[ExportedProgram]
     edge_lowering: Any
-    memory_format: ExportedProgram
+    memory_format: Optional[ExportedProgram]
+    """The Edge programs and the lowering of the first; ``None`` without ExecuTorch."""
 
 
 def _lower_aten(specs: Sequence[ProgramSpec]) -> tuple:
@@ -1065,6 +1071,8 @@ def _lower_untouched(specs: Sequence[ProgramSpec]) -> _Untouched:
         program, lowering = _lower_aten(specs)
     except Exception as error:  # noqa: BLE001 - blamed part by part, on this stage alone
         raise _StageFailed(_lower_aten, error) from error
+    if not HAS_EXECUTORCH:
+        return _Untouched(program, lowering, None, None, None)
     try:
         edge, memory_format = _to_edge(specs)
     except Exception as error:  # noqa: BLE001
@@ -1145,15 +1153,16 @@ def _check_batch(specs: list[ProgramSpec], untouched: _Untouched) -> Sample:
                                f"{_shown(lowered.shape)}, not those of dim order {list(order)}")
 
     program, edge = untouched.program, untouched.edge
+    judge_prediction("ATen", strideguard.inspect(program), untouched.lowering)
+    judge_fixed("ATen densify_outputs", strideguard.densify_outputs(program), lower_outputs)
+    if edge is None:
+        return Sample(problems, {})
     for mode in (edge, untouched.memory_format):
         for index, text in prepare_for_aoti_problems(mode, _batch_input_sets(specs, mode)):
             if index is None:
                 problems.extend((part, text) for part in range(len(specs)))
             else:
                 problem(index, text)
-    judge_prediction("ATen", strideguard.inspect(program), untouched.lowering)
-    judge_fixed("ATen densify_outputs", strideguard.densify_outputs(program), lower_outputs)
-
     judge_prediction("Edge", strideguard.inspect(edge), untouched.edge_lowering)
     try:
         converted = lower_as_compiled(edge, policy=STRIDEGUARD)
@@ -1284,7 +1293,7 @@ def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> S
         problems += [(part, f"pushdown raised the FLOPs from {before} to {after}") for part in range(len(specs))]
     sets = [combined_inputs(specs)] + ([combined_inputs(specs, OTHER_BATCH)] if any(s.dynamic_batch for s in specs) else [])
     candidates = [("ATen", program, lambda p: strideguard.densify_outputs(p, pushdown=True), lower_outputs)]
-    for skip_dim_order in (False, True):
+    for skip_dim_order in (False, True) if HAS_EXECUTORCH else ():
         try:
             edge = edge_program(export_combined(specs), skip_dim_order=skip_dim_order)
             run(edge, sets[0])

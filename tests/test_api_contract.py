@@ -6,7 +6,14 @@ import pytest
 import torch
 
 import strideguard
-from strideguard.executorch import DenseOutputsPass, ReplaceViewCopyWithViewPass, protect_partitioner
+
+from .conftest import needs_executorch
+
+
+def _executorch():
+    import strideguard.executorch
+
+    return strideguard.executorch
 
 
 class Sliced(torch.nn.Module):
@@ -43,8 +50,8 @@ def test_a_new_program_shares_tensors_not_dicts(program):
     lambda p: strideguard.prepare_for_aoti(p, copy_outputs=None),
     lambda p: strideguard.inspect(p, exact="yes"),
     lambda p: strideguard.inspect(p, policy="strideguard"),
-    lambda p: DenseOutputsPass(break_aliases="no"),
-    lambda p: ReplaceViewCopyWithViewPass(copy_outputs=0),
+    pytest.param(lambda p: _executorch().DenseOutputsPass(break_aliases="no"), marks=needs_executorch),
+    pytest.param(lambda p: _executorch().ReplaceViewCopyWithViewPass(copy_outputs=0), marks=needs_executorch),
     lambda p: strideguard.verify(p, more_inputs=torch.randn(2, 8)),
     lambda p: strideguard.densify_outputs(p.module()),
 ])
@@ -58,8 +65,9 @@ def test_an_unknown_device_raises_value_error_before_compiling(program):
         strideguard.verify(program, device="tpu")
 
 
+@needs_executorch
 def test_protect_partitioner_checks_its_flag():
     from strideguard.testing.executorch_cpu import make_partitioner
 
     with pytest.raises(TypeError, match="copy_outputs"):
-        protect_partitioner(make_partitioner(), copy_outputs="yes")
+        _executorch().protect_partitioner(make_partitioner(), copy_outputs="yes")

@@ -11,6 +11,9 @@ import operator
 
 import pytest
 import torch
+
+pytest.importorskip("executorch", reason="needs ExecuTorch: pip install '.[executorch]'")
+
 from executorch.exir import EdgeCompileConfig, to_edge
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from executorch.exir.dialects._ops import ops

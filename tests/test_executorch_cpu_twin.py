@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("executorch")
+pytest.importorskip("executorch", reason="needs ExecuTorch: pip install '.[executorch]'")
 
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult  # noqa: E402
 

@@ -26,13 +26,15 @@ from strideguard.passes.insert_output_copies import CopyForm
 from strideguard.program import copy_form_of, output_values
 from strideguard.proof import PROOF_KEY
 
-pytest.importorskip("executorch")
+from strideguard.backends import resolve_backend
 
-from strideguard.backends import resolve_backend  # noqa: E402
-from strideguard.executorch import DenseOutputsPass  # noqa: E402
-from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, aoti_edge_program, lower_and_run  # noqa: E402
+from .conftest import HAS_EXECUTORCH, needs_executorch
 
-CPU_TWIN = StrideguardCpuAotiBackend
+if HAS_EXECUTORCH:
+    from strideguard.executorch import DenseOutputsPass
+    from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, aoti_edge_program, lower_and_run
+
+    CPU_TWIN = StrideguardCpuAotiBackend
 
 
 class OutputLayoutCases(nn.Module):
@@ -111,6 +113,7 @@ def _strides(values) -> list:
     return [tuple(v.stride()) for v in values]
 
 
+@needs_executorch
 @pytest.mark.aoti
 def test_unfixed_delegate_breaks_the_promise_where_exact_inspect_says(cases_edge, twin_unfixed):
     """The failure is real (SDPA comes back transposed through the backend's decomposition), and
@@ -126,6 +129,7 @@ def test_unfixed_delegate_breaks_the_promise_where_exact_inspect_says(cases_edge
     assert strideguard.inspect(cases_edge, exact=True).outputs[0].ok
 
 
+@needs_executorch
 @pytest.mark.aoti
 def test_dense_outputs_pass_exact_proves_and_delivers_every_layout(cases, cases_edge, twin_unfixed, twin_fixed):
     dense, fixed = twin_fixed
@@ -170,6 +174,7 @@ def test_exact_fix_without_strideguards_compile_leaves_kernel_memory_unproven(ca
     assert proof.unproven == (4,) and proof.rounds == 1
 
 
+@needs_executorch
 def test_prepare_for_aoti_exact_is_proven_through_the_backend(cases_edge):
     prepared = strideguard.prepare_for_aoti(cases_edge, exact=True, backend=CPU_TWIN)
     proof = prepared.graph_module.meta[PROOF_KEY]
@@ -180,6 +185,7 @@ def test_prepare_for_aoti_exact_is_proven_through_the_backend(cases_edge):
     prepared.validate()
 
 
+@needs_executorch
 def test_copy_outputs_false_converts_views_but_copies_nothing(cases_edge):
     prepared = strideguard.prepare_for_aoti(cases_edge, copy_outputs=False)
     assert not any(copy_form_of(node) for node in prepared.graph.nodes)
@@ -271,6 +277,7 @@ class RelayOutputsTransposed:
         graph_module.recompile()
 
 
+@needs_executorch
 def test_closed_loop_raises_where_no_copy_can_hold(monkeypatch):
     program = aoti_edge_program(torch.export.export(nn.Linear(7, 5), (torch.randn(3, 7),)))
     monkeypatch.setattr(StrideguardCpuAotiBackend, "custom_passes", [RelayOutputsTransposed()])
@@ -288,6 +295,7 @@ def test_lowering_unavailable_is_said(monkeypatch):
         strideguard.aoti_compile_and_package(_logical_not_program())
 
 
+@needs_executorch
 def test_backends_are_followed_from_their_installed_classes(cases_edge):
     metal = resolve_backend("MetalBackend", function="test")
     if metal.available:  # Metal's own DecomposeLinearPass rewrites linear: its outputs are left to the backend

@@ -15,11 +15,10 @@ from torch.utils import _pytree as pytree
 
 import strideguard
 from strideguard.pushdown import graph_flops
-from strideguard.testing.executorch_cpu import aoti_edge_program
 from strideguard.verify import PUSHDOWN_TOLERANCE, check_compiled
 
 from . import generated
-from .conftest import _compile
+from .conftest import _compile, needs_executorch
 from .generated import edge_program, snapshot
 
 BATCH, POSITIONS, HIDDEN, VOCAB = 2, 6, 32, 300
@@ -139,6 +138,7 @@ def test_compiled_pushdown_is_dense_and_within_tolerance_of_the_unfixed_program(
     assert [c.reference_error for c in strict.outputs] == [c.reference_error for c in report.outputs]
 
 
+@needs_executorch
 @pytest.mark.parametrize("skip_dim_order", [False, True], ids=["dim-order", "memory-format"])
 def test_edge_pushdown_validates_and_keeps_values(program, skip_dim_order):
     edge = edge_program(program, skip_dim_order=skip_dim_order)
@@ -153,6 +153,7 @@ def test_edge_pushdown_validates_and_keeps_values(program, skip_dim_order):
         assert got.is_contiguous()
 
 
+@needs_executorch
 def test_the_executorch_pass_pushes_down_when_asked(program):
     from strideguard.executorch import DenseOutputsPass
 
@@ -259,9 +260,10 @@ def test_dynamic_batch_factories_push_down_with_sizes_read_from_size_nodes():
     _assert_runs_like(pushed, program)
 
 
+@needs_executorch
 @pytest.mark.parametrize("skip_dim_order", [False, True], ids=["dim-order", "memory-format"])
 def test_dynamic_batch_factories_push_down_on_edge_with_sizes_read_from_size_nodes(skip_dim_order):
-    edge = aoti_edge_program(_factories_program(), skip_dim_order=skip_dim_order)
+    edge = edge_program(_factories_program(), skip_dim_order=skip_dim_order)
     assert generated.keeps_dynamic_batch(edge)
     prepared = strideguard.prepare_for_aoti(edge, pushdown=True)
     prepared.validate()
@@ -286,8 +288,9 @@ batch. ExecuTorch's ``PruneEmptyTensorsPass`` (in ``to_edge``) replaces it with
 program calls ``full((s10, 8, 0), 0)`` and cannot run, before strideguard sees it."""
 
 
+@needs_executorch
 def test_an_edge_program_that_cannot_run_untouched_is_set_aside_and_pushdown_adds_no_bare_symbol():
-    edge = aoti_edge_program(generated.export_program(EMPTY_CAT), skip_dim_order=False)
+    edge = edge_program(generated.export_program(EMPTY_CAT), skip_dim_order=False)
     prepared = strideguard.prepare_for_aoti(edge, pushdown=True)
     # Whatever the input holds, the pushdown writes no symbolic value of its own.
     new = {name for name, _ in bare_symbols(prepared)} - {name for name, _ in bare_symbols(edge)}

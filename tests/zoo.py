@@ -25,7 +25,6 @@ from torch import nn
 import strideguard
 from strideguard import Action, layout
 from strideguard.dialect import target_dim_orders
-from strideguard.executorch import DenseOutputsPass
 from strideguard.lowering import lower_edge_outputs, lower_outputs
 
 from . import programs
@@ -50,6 +49,8 @@ class ZooModel:
     what: str
     """What the method returns, in words."""
     build: Callable[[], tuple[nn.Module, tuple]]
+    library: Optional[str] = "transformers"
+    """The model library it is built with (the project's ``zoo`` extra), if any."""
 
     def export(self) -> torch.export.ExportedProgram:
         torch.manual_seed(0)
@@ -195,9 +196,9 @@ MODELS = [
     ZooModel("t5", "decoder logits[:, -1, :], encoder states", _t5),
     ZooModel("vit", "CLS state, pooled output", _vit),
     ZooModel("clip-vision", "last hidden state, pooled output", _clip),
-    ZooModel("unet", "denoised sample", _unet),
-    ZooModel("dit", "denoised sample", _dit),
-    ZooModel("fused-qkv-head", "qkv slice, select, split chunk, transposed attention, scores", _fused_qkv),
+    ZooModel("unet", "denoised sample", _unet, "diffusers"),
+    ZooModel("dit", "denoised sample", _dit, "diffusers"),
+    ZooModel("fused-qkv-head", "qkv slice, select, split chunk, transposed attention, scores", _fused_qkv, None),
 ]
 
 
@@ -303,6 +304,8 @@ def edge_of(program: torch.export.ExportedProgram) -> torch.export.ExportedProgr
 def judge_edge(model: ZooModel, *, compile: bool = False, directory: Optional[str] = None) -> Judgement:
     """The Edge path (dim-order mode) through ExecuTorch's AOTI backend, its own view pass included:
     ``inspect`` against what the delegate returns, ``DenseOutputsPass`` after."""
+    from strideguard.executorch import DenseOutputsPass
+
     edge = edge_of(model.export())
     report = strideguard.inspect(edge)
     orders = target_dim_orders(edge)
@@ -345,7 +348,7 @@ def in_dtype(model: ZooModel, dtype: torch.dtype) -> ZooModel:
         module, inputs = model.build()
         return module.to(dtype), tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
 
-    return ZooModel(f"{model.name}-{str(dtype).removeprefix('torch.')}", model.what, build)
+    return ZooModel(f"{model.name}-{str(dtype).removeprefix('torch.')}", model.what, build, model.library)
 
 
 LOW_PRECISION = [
@@ -400,6 +403,7 @@ def judge_proven(model: ZooModel, path: str, *, directory: str) -> ProvenJudgeme
         wrong = [f"[{c.index}] differs from eager by {c.max_abs_error} (tolerance {c.eager_tolerance})"
                  for c in report.outputs if not c.match]
         return ProvenJudgement(model.name, path, proof.rounds, proof.seconds, list(proof.strengthened), after, wrong)
+    from strideguard.executorch import DenseOutputsPass
     from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, lower_and_run
 
     dense = DenseOutputsPass(exact=True, backend=StrideguardCpuAotiBackend)
@@ -477,6 +481,8 @@ def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directo
     if path == "aten":
         fixed = strideguard.densify_outputs(original, pushdown=True)
     else:
+        from strideguard.executorch import DenseOutputsPass
+
         fixed = DenseOutputsPass(pushdown=True).call(original).exported_program
     report = strideguard.inspect(original)
     pushed = [f"[{o.index}] {o.pushdown}" for o in report.outputs if o.pushdown]
