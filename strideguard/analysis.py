@@ -255,7 +255,19 @@ def _compiled_layout(
     """
     if base.op == "placeholder":
         if base_role is None or base_role.kind is AliasKind.INPUT:
-            return _Compiled(tuple(tensor.stride()))
+            viewed = tuple(tensor.stride())
+            fresh = layout.strides_for_order(tensor.shape, layout.identity_order(tensor.dim()))
+            size_one = any(layout.same_sizes((size,), (1,)) for size in tensor.shape)
+            if chain and size_one and not layout.same_sizes(viewed, fresh):
+                # Found by ``make fuzz``: a ``[1, 1]`` narrow of a diagonal of an input, traced (36, 17), comes
+                # back (1, 1): a size-one dimension's stride is "insignificant" to Inductor, which may re-stride
+                # the view.
+                return _Compiled(
+                    viewed,
+                    undecided="a view of an input with a size-one dimension, whose stride Inductor may re-stride",
+                    alternatives=(tuple(fresh),),
+                )
+            return _Compiled(viewed)
         lowering = inductor.weight_lowering(values(base))
         if lowering is inductor.WeightLowering.CONSTANT and not _overlapping(tensor):
             # The wrapper clones a view of a constant it can see as one; with a size-one dimension,
@@ -332,7 +344,11 @@ def _compiled_layout(
             "zero strides)",
             unknown=True,
         )
-    if base not in returned and not inductor.lowers_to_kernel_output(producer):
+    # A factory (no tensor inputs) that Inductor computes rather than calls may be realized afresh for its own
+    # output, and its views computed from the values: torch 2.14 lowers ``_efficientzerotensor`` to an expand
+    # of a 0-d constant and realizes the returned one separately, so its slice comes back dense.
+    computed_factory = base in returned and not base.all_input_nodes
+    if (base not in returned or computed_factory) and not inductor.lowers_to_kernel_output(producer):
         name = getattr(producer, "__name__", str(producer))
         # Realized rather than fused, the producer gets Inductor's own layout, which need not be the traced
         # one (found by ``make fuzz``: ``logical_not`` of a transposed input realized contiguously).

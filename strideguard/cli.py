@@ -76,7 +76,7 @@ Exact = Annotated[
     bool,
     typer.Option(
         "--exact",
-        help="Ask Inductor: run its lowering (a tenth to a quarter of a compile; no code is compiled), decide every "
+        help="Ask Inductor: run its lowering (up to a quarter of a compile; no code is compiled), decide every "
         "output by it, and for fix lower the fixed program again until every output is proven in layout.",
     ),
 ]
