@@ -26,7 +26,7 @@ from torch.fx import Node
 from . import inductor, layout
 from .fake_values import call_on_fake_values, storage_key
 from .dialect import Dialect, aten_op, is_higher_order, is_view_op, op_name
-from .program import UserOutput, copy_form_of, output_values, placeholder_roles, user_outputs
+from .program import UserOutput, output_values, placeholder_roles, user_outputs
 from .records import Action, Alias, AliasKind, LayoutReport, OutputKind, OutputLayout, Reason
 
 if TYPE_CHECKING:
@@ -254,31 +254,26 @@ def _compiled_layout(
     afresh, densely, or lay the base out otherwise than traced.
     """
     if base.op == "placeholder":
+        # A size-one dimension's stride is "insignificant" to Inductor: it may re-stride a view that has one
+        # (found by ``make fuzz``: a ``[1, 1]`` narrow of a diagonal of an input, traced (36, 17), comes back
+        # (1, 1)), or realize the view afresh.
+        viewed = tuple(tensor.stride())
+        restrided = chain and layout.has_size_one_dim(tensor.shape)
+        fresh = tuple(layout.strides_for_order(tensor.shape, layout.identity_order(tensor.dim())))
         if base_role is None or base_role.kind is AliasKind.INPUT:
-            viewed = tuple(tensor.stride())
-            fresh = layout.strides_for_order(tensor.shape, layout.identity_order(tensor.dim()))
-            size_one = any(layout.same_sizes((size,), (1,)) for size in tensor.shape)
-            if chain and size_one and not layout.same_sizes(viewed, fresh):
-                # Found by ``make fuzz``: a ``[1, 1]`` narrow of a diagonal of an input, traced (36, 17), comes
-                # back (1, 1): a size-one dimension's stride is "insignificant" to Inductor, which may re-stride
-                # the view.
-                return _Compiled(
-                    viewed,
-                    undecided="a view of an input with a size-one dimension, whose stride Inductor may re-stride",
-                    alternatives=(tuple(fresh),),
-                )
-            return _Compiled(viewed)
+            if not restrided or layout.same_sizes(viewed, fresh):
+                return _Compiled(viewed)
+            return _Compiled(
+                viewed,
+                undecided="a view of an input with a size-one dimension, whose stride Inductor may re-stride",
+                alternatives=(fresh,),
+            )
         lowering = inductor.weight_lowering(values(base))
         if lowering is inductor.WeightLowering.CONSTANT and not _overlapping(tensor):
-            # The wrapper clones a view of a constant it can see as one; with a size-one dimension,
-            # Inductor may re-stride the view first ("insignificant strides") and return it uncopied.
-            copied, viewed = layout.preserve_format_strides(tensor), tuple(tensor.stride())
-            fresh = layout.strides_for_order(tensor.shape, layout.identity_order(tensor.dim()))
-            size_one = any(layout.same_sizes((size,), (1,)) for size in tensor.shape)
-            if not chain or not size_one:
+            # The wrapper clones a view of a constant it can see as one, unless it re-strides it first.
+            copied = layout.preserve_format_strides(tensor)
+            if not restrided:
                 return _Compiled(copied, note="AOTInductor returns a copy of a weight's view")
-            # A size-one dimension's stride is "insignificant" to Inductor: it may re-stride the view
-            # (and return it uncopied), or realize it afresh, as well as clone it.
             alternatives = tuple(c for c in (viewed, fresh) if not layout.same_sizes(c, copied))
             if not alternatives:
                 return _Compiled(copied, note="AOTInductor returns a copy of a weight's view")
@@ -296,10 +291,6 @@ def _compiled_layout(
         return _Compiled(tuple(tensor.stride()), undecided=f"Inductor {how}")
     if base.op != "call_function":
         return _Compiled(tuple(tensor.stride()), undecided=f"a {base.op} node")
-    if copy_form_of(base) is not None and not chain:
-        # A copy strideguard inserted is a form Inductor keeps, and Inductor gives an output that is not a view
-        # exactly the strides it traces for it: those of its op run on its input as compiled.
-        return _Compiled(tuple(call_on_fake_values(aten_op(op_of(base)), base, values).stride()))
     if base in relaid:
         name = _source_name(base, {}, op_of)
         return _Compiled(
@@ -373,7 +364,7 @@ def _concatenation_chooses_size_one_strides(base: Node, tensor: torch.Tensor, de
     contiguous tensor (found by ``make fuzz``: ``[5, 1]`` traced ``(1, 5)`` comes back ``(1, 1)``)."""
     if op_name(base.target) not in _CONCATENATIONS:
         return False
-    if not any(layout.same_sizes((size,), (1,)) for size in tensor.shape):
+    if not layout.has_size_one_dim(tensor.shape):
         return False
     contiguous = layout.strides_for_order(tensor.shape, layout.identity_order(tensor.dim()))
     if layout.same_sizes(decomposition.strides, contiguous):
@@ -390,7 +381,7 @@ def _copies_a_view_choosing_size_one_strides(base: Node, tensor: torch.Tensor, v
     op = aten_op(op_of(base))
     if not isinstance(op, torch._ops.OpOverload) or torch.Tag.view_copy not in op.tags:
         return False
-    if not any(layout.same_sizes((size,), (1,)) for size in tensor.shape) or statically_known_true(tensor.numel() < 2):
+    if not layout.has_size_one_dim(tensor.shape) or statically_known_true(tensor.numel() < 2):
         return False
     source = base.args[0] if base.args and isinstance(base.args[0], Node) else None
     value = values(source) if source is not None else None

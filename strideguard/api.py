@@ -18,7 +18,7 @@ from .program import require_exported_program, require_flag
 from .records import LayoutReport
 from .pushdown import plan_pushdowns
 from .lowering import ExternKernelMemory
-from .proof import Proof, prove_layouts
+from .proof import Proof, fixed_and_proven
 from .rewrite import lower_as_compiled, program_plan, pushed_down, transformed
 
 
@@ -129,8 +129,7 @@ def densify_outputs(
     def lower(candidate: ExportedProgram):
         return lower_as_compiled(candidate, backend=backend, inductor_configs=inductor_configs)
 
-    fixed = transformed(program, EXECUTORCH, break_aliases=break_aliases, lowering=lower(program), backend=backend)[0]
-    return prove_layouts(fixed, lower)[0]
+    return fixed_and_proven(program, EXECUTORCH, lower, break_aliases=break_aliases, backend=backend)[0]
 
 
 def prepare_for_aoti(
@@ -159,20 +158,22 @@ def prepare_for_aoti(
     flags = (("copy_outputs", copy_outputs), ("break_aliases", break_aliases), ("exact", exact), ("pushdown", pushdown))
     for name, value in flags:
         require_flag(value, name, "prepare_for_aoti")
-    dialect = dialect_of(program)
-    if not dialect.is_edge:
-        _backend(program, backend, "prepare_for_aoti")
-        return densify_outputs(program, break_aliases=break_aliases, exact=exact, pushdown=pushdown)
     backend = _backend(program, backend, "prepare_for_aoti")
+    if not dialect_of(program).is_edge:
+        return densify_outputs(program, break_aliases=break_aliases, exact=exact, pushdown=pushdown)
     if pushdown:
         program = pushed_down(program)[0]
     options = dict(break_aliases=break_aliases, copy_outputs=copy_outputs, update_values=False, backend=backend)
     if not (exact and copy_outputs):
         return transformed(program, STRIDEGUARD, **options)[0]
-    lowering = lower_as_compiled(program, policy=STRIDEGUARD, backend=backend)
-    fixed = transformed(program, STRIDEGUARD, lowering=lowering, **options)[0]
-    # preprocess runs ExecuTorch's own view pass on what prepare_for_aoti converted, then the backend's.
-    return prove_layouts(fixed, lambda candidate: lower_as_compiled(candidate, backend=backend))[0]
+    return fixed_and_proven(
+        program,
+        STRIDEGUARD,
+        lambda candidate: lower_as_compiled(candidate, policy=STRIDEGUARD, backend=backend),
+        # preprocess runs ExecuTorch's own view pass on what prepare_for_aoti converted, then the backend's.
+        lower_fixed=lambda candidate: lower_as_compiled(candidate, backend=backend),
+        **options,
+    )[0]
 
 
 def aoti_compile_and_package(
@@ -215,8 +216,7 @@ def compile_proven(
     def lower(candidate: ExportedProgram):
         return lower_as_compiled(candidate, inductor_configs=inductor_configs)
 
-    fixed = transformed(program, EXECUTORCH, lowering=lower(program))[0]
-    fixed, proof = prove_layouts(fixed, lower, keeps_kernel_memory=True)
+    fixed, _, proof = fixed_and_proven(program, EXECUTORCH, lower, keeps_kernel_memory=True)
     path = torch._inductor.aoti_compile_and_package(fixed, package_path=package_path, inductor_configs=configs)
     return path, proof
 

@@ -17,7 +17,6 @@ with that reason rather than guess.
 
 from __future__ import annotations
 
-import copy
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -25,7 +24,7 @@ from typing import Any, Optional, Sequence
 from torch.export import ExportedProgram
 
 from .dialect import aten_op
-from .program import copy_graph_module
+from .program import private_program
 
 _KNOWN_MODULES = {
     "CudaBackend": "executorch.backends.cuda.cuda_backend",
@@ -113,30 +112,21 @@ def run_pipeline(program: ExportedProgram, backend: Optional[Backend], convert_v
     backend's custom passes and decompositions, on a copy (``program`` itself is never changed)."""
     from executorch.exir.graph_module import contains_any_call_fn_target_op
 
-    converted = _private_program(program)
+    converted = private_program(program)
     convert_views(converted.graph_module)
     if backend is None or not backend.available:
         return converted
     for custom_pass in backend.custom_passes():
-        if getattr(custom_pass, "requires_exported_program", False):
-            custom_pass(converted)
-        else:
-            custom_pass(converted.graph_module)
+        _run(custom_pass, converted)
     table = backend.decomposition_table()
     if table and contains_any_call_fn_target_op(converted.graph_module, table):
         converted = converted.run_decompositions(table)
     return converted
 
 
-def _private_program(program: ExportedProgram) -> ExportedProgram:
-    """``program`` with a graph, signature and containers of its own (the same weights): passes that
-    change it in place, as ``preprocess``'s do, never reach the caller's."""
-    private = copy.copy(program)
-    private._graph_module = copy_graph_module(program.graph_module)
-    private._graph_signature = copy.deepcopy(program.graph_signature)
-    private._state_dict = dict(program.state_dict)
-    private._constants = dict(program.constants)
-    return private
+def _run(custom_pass: Any, program: ExportedProgram) -> None:
+    """One of a backend's custom passes, given what ``preprocess`` gives it: the program, or its graph module."""
+    custom_pass(program if getattr(custom_pass, "requires_exported_program", False) else program.graph_module)
 
 
 def rewritten_ops(program: ExportedProgram, backend: Optional[Backend]) -> dict[str, str]:
@@ -153,13 +143,10 @@ def rewritten_ops(program: ExportedProgram, backend: Optional[Backend]) -> dict[
             rewritten[name] = f"{backend.name}'s decomposition table"
     passes = backend.custom_passes()
     if passes:
-        converted = _private_program(program)
+        converted = private_program(program)
         for custom_pass in passes:
             targets = {n.name: n.target for n in converted.graph.nodes if n.op == "call_function"}
-            if getattr(custom_pass, "requires_exported_program", False):
-                custom_pass(converted)
-            else:
-                custom_pass(converted.graph_module)
+            _run(custom_pass, converted)
             after = {n.name: n.target for n in converted.graph.nodes if n.op == "call_function"}
             for name, target in targets.items():
                 if name in before and after.get(name) is not target and name not in rewritten:

@@ -197,10 +197,8 @@ def involution_call(dialect: Dialect, dtype: torch.dtype) -> Optional[Any]:
         if dtype.itemsize == 1:  # float8 types have no neg kernel
             return None
         op = torch.ops.aten.neg.default
-    elif dtype == torch.bool or not dtype.is_floating_point:
+    else:
         op = torch.ops.aten.bitwise_not.default
-    else:  # pragma: no cover - every dtype is one of the above
-        return None
     return _overload(_edge_ops().aten, op._schema.name.split("::")[1], "default") if dialect.is_edge else op
 
 

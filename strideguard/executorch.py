@@ -35,7 +35,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from . import layout
 from .backends import resolve_backend
-from .proof import Proof, prove_layouts
+from .proof import Proof, fixed_and_proven
 from .rewrite import apply_plan, lower_as_compiled, make_plan, pushed_down, transformed, without_garbage_collection
 from .dialect import dialect_of, dialect_of_graph
 from .dialect import promised_dim_order
@@ -105,8 +105,7 @@ class DenseOutputsPass(ExportedProgramPassBase):
             def lower(candidate: ExportedProgram):
                 return lower_as_compiled(candidate, backend=self.backend)
 
-            program, changed = transformed(program, EXECUTORCH, lowering=lower(program), **options)
-            program, self.proof = prove_layouts(program, lower)
+            program, changed, self.proof = fixed_and_proven(program, EXECUTORCH, lower, **options)
             changed = changed or bool(self.proof.strengthened)
         else:
             program, changed = transformed(program, EXECUTORCH, **options)

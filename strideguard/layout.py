@@ -83,6 +83,11 @@ def same_sizes(first: Sequence[Size], second: Sequence[Size]) -> bool:
     return len(first) == len(second) and all(_known(a == b) for a, b in zip(first, second))
 
 
+def has_size_one_dim(shape: Sequence[Size]) -> bool:
+    """Whether some dimension provably has size one (whose stride Inductor and ExecuTorch treat differently)."""
+    return any(same_sizes((size,), (1,)) for size in shape)
+
+
 def same_order(shape: Sequence[Size], first: Sequence[Size], second: Sequence[Size]) -> bool:
     """Whether two stride tuples of one shape order every pair of dimensions alike (greater, equal or
     smaller), provably; the layout an elementwise op gives its result depends on nothing else."""

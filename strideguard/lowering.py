@@ -33,6 +33,7 @@ import sympy
 import torch
 from torch.export import ExportedProgram
 from torch._inductor.custom_graph_pass import CustomSchedulerPass
+from torch._inductor.utils import sympy_product
 from torch.utils import _pytree as pytree
 
 from . import layout
@@ -227,7 +228,7 @@ def _read_outputs_and_stop(nodes):
             strides = _clone_strides(shape, strides, fixed.dtype)
             outputs.append(LoweredOutput(_plain(shape), _plain(strides), 0, True))
         else:
-            at_risk = _has_size_one_dim(shape) and (fixed.dtype, _numel(shape)) in kernel_memory
+            at_risk = _has_size_one_dim(shape) and (fixed.dtype, sympy_product(shape)) in kernel_memory
             outputs.append(LoweredOutput(_plain(shape), _plain(strides), _plain((fixed.offset,))[0], False, at_risk))
     raise _Lowered(outputs)
 
@@ -239,14 +240,7 @@ def _has_size_one_dim(shape: Sequence) -> bool:
     inner = list(shape)
     while inner and inner[0] == 1:
         inner.pop(0)
-    return any(size == 1 for size in inner) and _numel(shape) != 1
-
-
-def _numel(shape: Sequence) -> Any:
-    count = sympy.Integer(1)
-    for size in shape:
-        count *= size
-    return count
+    return any(size == 1 for size in inner) and sympy_product(shape) != 1
 
 
 def _kernel_allocated(graph) -> list:
@@ -255,21 +249,18 @@ def _kernel_allocated(graph) -> list:
     dimensions (measured: CPU flash attention's output, (64, 16, 64, 1) where the model has (64, 16, 16, 1))."""
     from torch._inductor import ir
 
-    found = []
-    for buffer in graph.buffers:
-        if not isinstance(buffer, (ir.MultiOutput, ir.ExternKernelAlloc)) or not isinstance(buffer.layout, ir.Layout):
-            continue
-        if not isinstance(buffer.layout, ir.NoneLayout):
-            shape = tuple(buffer.get_size())
-            if _has_size_one_dim(shape):
-                found.append(buffer)
-    return found
+    return [
+        buffer for buffer in graph.buffers
+        if isinstance(buffer, (ir.MultiOutput, ir.ExternKernelAlloc))
+        and isinstance(buffer.layout, ir.Layout)
+        and _has_size_one_dim(tuple(buffer.get_size()))
+    ]
 
 
 def _kernel_memory(graph) -> set:
     """``(dtype, numel)`` of each extern-kernel-allocated buffer with a size-one dimension: an output of the
     same dtype and size may be computed into its memory (in place, or reused) and come back with its strides."""
-    return {(buffer.get_dtype(), _numel(tuple(buffer.get_size()))) for buffer in _kernel_allocated(graph)}
+    return {(buffer.get_dtype(), sympy_product(buffer.get_size())) for buffer in _kernel_allocated(graph)}
 
 
 class ExternKernelMemory(CustomSchedulerPass):

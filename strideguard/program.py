@@ -117,14 +117,6 @@ def copy_graph(program: ExportedProgram) -> torch.fx.Graph:
     return _keeping_names(program.graph, copy.deepcopy(program.graph))
 
 
-def copy_graph_module(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``copy.deepcopy`` of a graph module (its tensors copied too), every node keeping its name."""
-    copied = copy.deepcopy(graph_module)
-    _keeping_names(graph_module.graph, copied.graph)
-    copied.recompile()
-    return copied
-
-
 def _keeping_names(original: torch.fx.Graph, copied: torch.fx.Graph) -> torch.fx.Graph:
     """FX renames a copied node whose name shadows a Python builtin (``input`` becomes ``input_1``), but
     ``torch.export`` names placeholders after the arguments, and the signature names the nodes: put the
@@ -133,6 +125,15 @@ def _keeping_names(original: torch.fx.Graph, copied: torch.fx.Graph) -> torch.fx
         if new.name != old.name:
             new.name = old.name
     return copied
+
+
+def private_program(program: ExportedProgram) -> ExportedProgram:
+    """``program`` with a graph, signature and containers of its own, holding the very same weights: a
+    pass that edits it in place never reaches the caller's program, and no tensor is copied. ExecuTorch's
+    lowering needs this: ``to_edge`` passes the ``constants`` dict along as it is, and when a delegate takes
+    a lifted constant ``_unsafe_adjust_original_program`` pops it (the caller's ``ep.module()`` then fails);
+    so do an AOTI backend's ``preprocess`` passes, which edit the graph in place."""
+    return rebuild(program, copy_graph(program))
 
 
 def signature_following_graph(signature: ExportGraphSignature, graph: torch.fx.Graph) -> ExportGraphSignature:

@@ -19,7 +19,6 @@ cause: strideguard never returns a program that silently breaks the promise.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -31,7 +30,8 @@ from .dialect import dialect_of, target_dim_orders
 from .lowering import Lowering, LoweredOutput
 from .passes.insert_output_copies import CopyForm, copied_source, insert_copy
 from .program import copy_form_of, copy_graph, output_values, rebuild, user_outputs
-from .rewrite import without_garbage_collection
+from .plan import ConversionPolicy
+from .rewrite import transformed, without_garbage_collection
 
 logger = logging.getLogger(__name__)
 
@@ -98,14 +98,11 @@ def prove_layouts(
     Raises ``LayoutNotReached`` when an output is out of layout with the strongest copy in place.
     ``keeps_kernel_memory``: the compile that follows runs ``lowering.ExternKernelMemory``.
     """
-    started = time.perf_counter()
     lowered_seconds = 0.0
     strengthened: list[int] = []
-    backend = None
     for round_number in range(1, max_rounds + 1):
         lowering = lower(fixed)
         lowered_seconds += lowering.seconds
-        backend = lowering.backend
         wrong = _out_of_layout(fixed, lowering)
         if not wrong:
             unproven = () if keeps_kernel_memory else tuple(
@@ -117,7 +114,7 @@ def prove_layouts(
                     "strides in size-one dimensions; strideguard.aoti_compile_and_package compiles so that they "
                     "are not", list(unproven),
                 )
-            proof = Proof(round_number, time.perf_counter() - started, tuple(strengthened), backend, unproven)
+            proof = Proof(round_number, lowered_seconds, tuple(strengthened), lowering.backend, unproven)
             fixed.graph_module.meta[PROOF_KEY] = proof
             return fixed, proof
         unreachable = [
@@ -132,6 +129,23 @@ def prove_layouts(
         fixed = _with_kept_copies(fixed, [index for index, _, _ in wrong])
         strengthened += [index for index, _, _ in wrong if index not in strengthened]
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def fixed_and_proven(
+    program: ExportedProgram,
+    policy: ConversionPolicy,
+    lower: Callable[[ExportedProgram], Lowering],
+    *,
+    lower_fixed: Optional[Callable[[ExportedProgram], Lowering]] = None,
+    keeps_kernel_memory: bool = False,
+    **options,
+) -> tuple[ExportedProgram, int, Proof]:
+    """``transformed`` with its copies decided by Inductor's lowering of ``program`` (``lower``), then the loop
+    closed on the result with ``lower_fixed`` (by default ``lower``): the fixed program, the nodes the fix
+    changed, and its ``Proof``."""
+    fixed, changed = transformed(program, policy, lowering=lower(program), **options)
+    fixed, proof = prove_layouts(fixed, lower_fixed or lower, keeps_kernel_memory=keeps_kernel_memory)
+    return fixed, changed, proof
 
 
 def _position(program: ExportedProgram, index: int) -> int:

@@ -21,7 +21,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
 from .analysis import OutputFacts, analyze_outputs, break_shared_memory, exact_facts, left_to_backend
-from .backends import Backend, rewritten_ops
+from .backends import Backend, rewritten_ops, unavailable_note
 from .dialect import Dialect, dialect_of, promised_dim_order, verifier_accepts
 from .lowering import Lowering, executorch_view_pass, lower_edge_outputs, lower_outputs
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
@@ -93,8 +93,7 @@ def make_plan(
             facts = break_shared_memory(facts)
         facts = left_to_backend(facts, graph, {}, lowering.unavailable)
     elif backend is not None:
-        note = None if backend.available else f"{backend.name}'s own passes cannot run here ({backend.unavailable})"
-        facts = left_to_backend(facts, graph, rewritten or {}, note)
+        facts = left_to_backend(facts, graph, rewritten or {}, unavailable_note(backend))
     if not copy_outputs:
         facts = [fact.uncopied() for fact in facts]
     return Plan(dialect, conversion, tuple(facts))

@@ -355,15 +355,14 @@ def _check_one(
             aliases.append(input_storages[pointer])
         aliases += [f"output {i}" for i in output_storages.get(pointer, ()) if i != out.index]
     reference = reference.to(value.device)
-    match = value.shape == reference.shape and value.dtype == reference.dtype
-    error = 0.0
     if not (value.is_floating_point() or value.is_complex()):
         tolerance = None
-    if match and value.numel():
-        difference = (value.to(torch.complex128 if value.is_complex() else torch.float64)
-                      - reference.to(torch.complex128 if reference.is_complex() else torch.float64)).abs()
-        error = float(difference.nan_to_num(nan=float("inf")).max()) if not torch.equal(value, reference) else 0.0
-        match = _values_match(value, reference, tolerance)
+    error = 0.0
+    comparable = value.shape == reference.shape and value.dtype == reference.dtype
+    if comparable and value.numel() and not torch.equal(value, reference):
+        wide = torch.complex128 if value.is_complex() else torch.float64
+        error = float((value.to(wide) - reference.to(wide)).abs().nan_to_num(nan=float("inf")).max())
+    match = _values_match(value, reference, tolerance)
     order = target_order if target_order is not None else layout.identity_order(value.dim())
     return OutputCheck(
         index=out.index,

@@ -390,7 +390,7 @@ def judge_proven(model: ZooModel, path: str, *, directory: str) -> ProvenJudgeme
     tolerances, layouts). Edge: ``DenseOutputsPass(exact=True)`` for the CPU twin of the CUDA backend inside
     ExecuTorch's lowering, the delegate run and held to the same layouts and tolerances."""
     from strideguard.proof import PROOF_KEY
-    from strideguard.verify import EAGER_TOLERANCES
+    from strideguard.verify import _output_tolerance, _values_match
 
     program = model.export()
     inputs = tuple(program.example_inputs[0])
@@ -417,9 +417,9 @@ def judge_proven(model: ZooModel, path: str, *, directory: str) -> ProvenJudgeme
             continue
         if order is not None and layout.has_layout(tuple(got.shape), tuple(got.stride()), order) is not True:
             after.append(f"[{index}] strides {tuple(got.stride())}, not dim order {list(order)}")
-        rtol, atol = EAGER_TOLERANCES.get(want.dtype, (0.0, 0.0))
-        if got.dtype != want.dtype or got.shape != want.shape or not torch.allclose(got, want, rtol=rtol, atol=atol):
-            wrong.append(f"[{index}] differs from eager beyond (rtol={rtol}, atol={atol})")
+        tolerance = _output_tolerance(want.dtype)
+        if not _values_match(got, want, tolerance):
+            wrong.append(f"[{index}] differs from eager beyond {tolerance} (rtol, atol)")
     proof = dense.proof
     return ProvenJudgement(model.name, path, proof.rounds, proof.seconds, list(proof.strengthened), after, wrong)
 

@@ -32,7 +32,6 @@ from ..program import COPY_TAG, copy_form_of
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
 
 
-
 class CopyForm(str, Enum):
     """How an output is copied; either form is one kernel once Inductor fuses it.
 

@@ -13,7 +13,6 @@ torch's own AOTI runner to observe the strides the delegate really returns.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import operator
 import os
@@ -34,7 +33,7 @@ from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPa
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind
 
-from ..program import copy_graph
+from ..program import private_program
 
 _CPU_SHIM_PREFIX = "aoti_torch_cpu_"
 _SO_BLOB_KEY_SUFFIX = "_so_blob"
@@ -192,31 +191,6 @@ class _Capture(ExportedProgramPassBase):
         return ExportedProgramPassResult(exported_program, False)
 
 
-def _private_copy(program: ExportedProgram) -> ExportedProgram:
-    """``program`` under containers of its own, for ExecuTorch to change.
-
-    ExecuTorch's lowering edits the program it works on in place, and some of
-    that program's containers are the caller's: ``run_decompositions`` and
-    ``to_edge`` pass the ``constants`` dict along as it is, so when a delegate
-    takes a lifted constant, ``_unsafe_adjust_original_program`` pops it from
-    the caller's dict (and ``ep.module()`` then fails). The copy has a new
-    graph (new nodes, each with a shallow copy of its meta), signature, call
-    graph and range constraints, and new ``state_dict`` and ``constants`` dicts
-    holding the very same tensors: no weight is copied.
-    """
-    return ExportedProgram(
-        root=program.graph_module,
-        graph=copy_graph(program),
-        graph_signature=copy.deepcopy(program.graph_signature),
-        state_dict=dict(program.state_dict),
-        range_constraints=copy.deepcopy(program.range_constraints),
-        module_call_graph=copy.deepcopy(program.module_call_graph),
-        example_inputs=program.example_inputs,
-        constants=dict(program.constants),
-        verifiers=list(program.verifiers),
-    )
-
-
 def aoti_edge_program(
     program: ExportedProgram, *, transform_passes: Sequence[Callable] = (), skip_dim_order: bool = False
 ) -> ExportedProgram:
@@ -236,7 +210,7 @@ def aoti_edge_program(
     capture = _Capture()
     try:
         to_edge_transform_and_lower(
-            _private_copy(program),
+            private_program(program),
             partitioner=[partitioner],
             transform_passes=[*transform_passes, capture],
             compile_config=EdgeCompileConfig(_skip_dim_order=skip_dim_order),
@@ -285,7 +259,7 @@ def lower_and_run(
 
     with capture_compiled_sos(workdir) as so_paths_by_key:
         edge_manager = to_edge_transform_and_lower(
-            _private_copy(program),
+            private_program(program),
             partitioner=[partitioner],
             transform_passes=list(transform_passes),
         )
