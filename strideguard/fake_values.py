@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch._guards import detect_fake_mode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx import Node
 from torch.utils import _pytree as pytree
 
@@ -25,7 +26,22 @@ def call_on_fake_values(op: Any, node: Node, value: Callable[[Node], Any]) -> An
     with fake_mode or contextlib.nullcontext():
         if view is not None:
             return view(*args, **kwargs).clone(memory_format=torch.contiguous_format)
-        return op(*args, **kwargs)
+        result = op(*args, **kwargs)
+        if isinstance(op, torch._ops.OpOverload) and op.is_view and args and isinstance(args[0], torch.Tensor):
+            return _on_base_storage(result, args[0])
+        return result
+
+
+def _on_base_storage(result: Any, base: torch.Tensor) -> Any:
+    """A view op's result as a view of ``base``'s memory, as eager gives it, where the fake kernel gave an
+    empty view a memory of its own: found by ``make fuzz``, a ``view`` of a zero-element fake tensor got a
+    fresh storage on FakeTensorMode's first dispatch and the base's on a cached one, so two analyses of one
+    program disagreed on what the output is a view of."""
+    if not isinstance(result, torch.Tensor) or result.dtype != base.dtype or not statically_known_true(result.numel() == 0):
+        return result
+    if not statically_known_true(base.untyped_storage().nbytes() == 0) or storage_key(result) == storage_key(base):
+        return result
+    return base.as_strided(result.shape, result.stride(), result.storage_offset())
 
 
 def storage_key(value: Any) -> Optional[int]:

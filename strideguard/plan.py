@@ -286,6 +286,7 @@ def plan_view_conversion(
                 policy.extra != frozenset()
                 and (accepts is None or accepts(view_op))
                 and not (policy.careful and _reorders_for_compute(node, conversion.geometry(node), conversion))
+                and not _blocks_a_later_conversion(node, conversion)
             ):
                 conversion.targets[node] = conversion.later.pop(node)
             decided_returned_storages |= storages(pieces)
@@ -295,6 +296,7 @@ def plan_view_conversion(
             or (scope is not None and not scope(node))
             or (accepts is not None and not accepts(view_twin(node.target)))
             or _has_blocking_user(node, policy, scope)
+            or _blocks_a_later_conversion(node, conversion)
         ):
             decided_returned_storages |= storages(pieces)
             continue
@@ -312,6 +314,19 @@ def plan_view_conversion(
         conversion.replay.set(node, candidate)
         decided_returned_storages |= storages(pieces)
     return conversion
+
+
+def _blocks_a_later_conversion(node: Node, conversion: ViewConversion) -> bool:
+    """Whether making ``node`` a view would stop the backend's own view pass converting what it reads.
+
+    That pass leaves a copy alone when one of its users is a view, and it runs
+    on the graph strideguard hands over: a ``select_copy`` it would convert
+    stays a copy once the ``expand_copy`` reading it is an ``expand`` (found by
+    ``make fuzz``: the plan then held the select a view and the program as
+    compiled held a copy). Such a node stays a copy, so that what the backend
+    converts is what was planned.
+    """
+    return any(source in conversion.later for source in node.all_input_nodes)
 
 
 def _as_view(node: Node, view_op: Any, conversion: ViewConversion) -> Optional[Layout]:
