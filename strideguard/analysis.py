@@ -27,7 +27,7 @@ from . import inductor, layout
 from .fake_values import call_on_fake_values, storage_key
 from .dialect import Dialect, aten_op, is_higher_order, is_view_op, op_name
 from .program import UserOutput, output_values, placeholder_roles, user_outputs
-from .records import Action, Alias, AliasKind, LayoutReport, OutputKind, OutputLayout, Reason
+from .records import Action, Alias, AliasKind, LayoutReport, OutputKind, OutputLayout, Reason, memory_group_peer
 
 if TYPE_CHECKING:
     from .lowering import Lowering
@@ -188,19 +188,19 @@ def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
     of each group sharing memory keeps it, and any sharing an input or a
     weight is copied.
     """
-    kept: set[int] = set()
+    kept: dict[Any, int] = {}
     result = []
     for fact in facts:
         record = fact.layout
         if fact.copied or not record.aliases:
             result.append(fact)
             continue
-        still_shared = [
-            a for a in record.aliases
-            if a.kind is not AliasKind.OUTPUT or int(a.name) in kept
-        ]
+        key = storage_key(fact.value)
+        still_shared = [a for a in record.aliases if a.kind is not AliasKind.OUTPUT]
+        if key in kept:
+            still_shared.append(Alias(AliasKind.OUTPUT, str(kept[key])))
         if not still_shared:
-            kept.add(record.index)
+            kept[key] = record.index
             result.append(fact)
             continue
         explanation = f"shares memory with {', '.join(map(str, still_shared))}"
@@ -457,11 +457,11 @@ def _facts_for(out, value, values, op_of, roles, memory_owners, output_keys, tar
 
     key = storage_key(tensor)
     aliases = list(memory_owners.get(key, ()))
-    aliases += [Alias(AliasKind.OUTPUT, str(i)) for i in output_keys.get(key, ()) if i != out.index]
+    aliases += [Alias(AliasKind.OUTPUT, str(i)) for i in memory_group_peer(output_keys.get(key, ()), out.index)]
 
     cause = None
     if chain:
-        cause = " of ".join(_describe_view(n, op_of) for n in chain) + f" of {_source_name(base, roles, op_of)}"
+        cause = " of ".join(_described_chain(chain, op_of)) + f" of {_source_name(base, roles, op_of)}"
     elif in_target is not True:
         cause = f"produced with strides {list(layout.format_strides(strides))} by {_source_name(base, roles, op_of)}"
 
@@ -485,6 +485,16 @@ def _facts_for(out, value, values, op_of, roles, memory_owners, output_keys, tar
         cause=cause,
     )
     return OutputFacts(out, node, tuple(chain), base, tuple(target_order), record, tensor)
+
+
+def _described_chain(chain: list[Node], op_of: Ops, shown: int = 6) -> list[str]:
+    """Each view of a chain in words, from the output inward; a long chain keeps its ends."""
+    if len(chain) <= shown:
+        return [_describe_view(n, op_of) for n in chain]
+    head, tail = chain[: shown - 2], chain[-2:]
+    return [_describe_view(n, op_of) for n in head] + [f"{len(chain) - shown} more views"] + [
+        _describe_view(n, op_of) for n in tail
+    ]
 
 
 def _verdict(compiled: _Compiled, base: Node, chain, shape, strides, order, in_target) -> tuple:

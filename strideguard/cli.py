@@ -48,6 +48,7 @@ from .loading import (
     save_program,
     write_output,
 )
+from .isolation import DEFAULT_SECONDS, ChildFailed, Limits, LimitExceeded, run_isolated
 from .records import Action, LayoutReport, VerifyReport
 
 app = typer.Typer(
@@ -102,6 +103,11 @@ def _running(action: str, debug: bool, json_output: bool = False) -> Iterator[No
             yield
         except ProgramFileError as error:
             failure = _with_traceback(str(error), debug)
+        except LimitExceeded as error:
+            failure = _with_traceback(f"{action} stopped: {error}", debug)
+        except ChildFailed as error:
+            message = str(error) if error.file_error else f"{action} failed: {error.kind}: {error}"
+            failure = _with_traceback(message, debug)
         except Exception as error:
             failure = _with_traceback(f"{action} failed: {type(error).__name__}: {_first_line(error)}", debug)
         finally:
@@ -282,8 +288,13 @@ def _proven(proof: Proof) -> str:
 
 @contextlib.contextmanager
 def _spinner(what: str) -> Iterator[None]:
-    """A spinner with the elapsed time on stderr while a long step runs."""
-    with Progress(SpinnerColumn(), TextColumn(what), TimeElapsedColumn(), console=Console(stderr=True), transient=True) as progress:
+    """A spinner with the elapsed time on stderr while a long step runs; none where stderr is not a terminal
+    (a transient display still leaves a blank line there, and an error must be the one line)."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    with Progress(SpinnerColumn(), TextColumn(what), TimeElapsedColumn(), console=console, transient=True) as progress:
         progress.add_task(what, total=None)
         yield
 
@@ -327,23 +338,49 @@ def verify(
             show_default=False,
         ),
     ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", help="Stop the check after this many seconds (it runs in a child process).", min=0.001),
+    ] = DEFAULT_SECONDS,
+    memory: Annotated[
+        Optional[float],
+        typer.Option(
+            "--memory",
+            help="Stop the check when its process holds more than this many GiB [default: three quarters of this "
+            "machine's memory].",
+            min=0.001,
+            show_default=False,
+        ),
+    ] = None,
     json_output: JsonOutput = False,
     debug: Debug = False,
 ) -> None:
-    """Compile PROGRAM with AOTInductor, run it on its stored example inputs, and measure every output."""
+    """Compile PROGRAM with AOTInductor, run it on its stored example inputs, and measure every output.
+
+    The file is read, compiled and run in a child process within --timeout and --memory."""
     if device is Device.cuda and not torch.cuda.is_available():
         _fail("--device cuda: this torch sees no CUDA device", json_output)
+    limits = Limits(timeout, None if memory is None else int(memory * (1 << 30)))
+    log = (lambda text: sys.stderr.write(text)) if debug else None
     with _running("verify", debug, json_output):
-        loaded = load_program(program)
-        reference_program = load_program(reference) if reference is not None else None
-        report = inspect(loaded)
         with _spinner(f"compiling {program.name} with AOTInductor on {device.value} and running it"):
-            measured = verify_program(loaded, device=device.value, reference=reference_program)
+            report, measured = run_isolated(
+                _inspect_and_verify, str(program), None if reference is None else str(reference), device.value,
+                limits=limits, what=f"verify of {program}", log=log,
+            )
     if json_output:
         _print_json(_verify_json(report, measured))
     else:
         _print_verify(_stdout(), program, measured)
     raise typer.Exit(0 if measured.ok else 1)
+
+
+def _inspect_and_verify(program: str, reference: Optional[str], device: str) -> tuple[LayoutReport, VerifyReport]:
+    """What ``verify`` does with the files, in the child ``run_isolated`` starts: read them as the loader
+    allows, inspect, compile, run and measure."""
+    loaded = load_program(program)
+    reference_program = load_program(reference) if reference is not None else None
+    return inspect(loaded), verify_program(loaded, device=device, reference=reference_program)
 
 
 def _verify_json(report: LayoutReport, measured: VerifyReport) -> dict:

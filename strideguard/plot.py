@@ -33,7 +33,7 @@ MAX_OUTPUTS = 6
 LABELLED_CELLS = 256
 LABELLED_ROWS = 16
 """Cells are numbered only in panels this small, so the numbers stay legible."""
-MAX_ENUMERATED = 4_000_000
+MAX_ENUMERATED = 1_000_000
 """Elements enumerated to find covered cells; past it (only overlapping, hand-made strides get there)
 the storage is drawn without the output's elements rather than exhausting memory."""
 
@@ -136,14 +136,18 @@ def _row_width(shape, strides, chain: Sequence[torch.fx.Node], size: int) -> int
     return min(pitches) if pitches else max(1, min(size, MAX_COLUMNS))
 
 
-def _coverage(shape, strides, offset: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """For storage cells ``[start, stop)``: how many output elements lie in each, and the first one's index.
+def _coverage(shape, strides, offset: int, start: int, row_width: int, rows: int, columns: int) -> tuple[np.ndarray, np.ndarray]:
+    """For the drawn cells (``rows`` rows of ``row_width`` storage cells from ``start``, their first
+    ``columns``): how many output elements lie in each, and the first one's index.
 
-    Only indices that can land before ``stop`` are enumerated (strides are
-    never negative), so a huge output costs what the drawn window costs.
+    Only indices that can land before the window's end are enumerated
+    (strides are never negative), and only the drawn cells are counted, so a
+    huge output, or a row pitch a file declares in the millions, costs what
+    the drawn grid costs.
     """
-    counts = np.zeros(stop - start, dtype=np.int64)
-    first = np.full(stop - start, np.iinfo(np.int64).max, dtype=np.int64)
+    counts = np.zeros((rows, columns), dtype=np.int64)
+    first = np.full((rows, columns), np.iinfo(np.int64).max, dtype=np.int64)
+    stop = start + rows * row_width
     reachable = [
         min(extent, 2) if stride == 0 else min(extent, max(0, (stop - 1 - offset) // stride + 1))
         for extent, stride in zip(shape, strides)
@@ -158,9 +162,17 @@ def _coverage(shape, strides, offset: int, start: int, stop: int) -> tuple[np.nd
         element = element + steps * element_stride
     cell, element = np.broadcast_arrays(cell, element)
     inside = (cell >= start) & (cell < stop)
-    np.add.at(counts, cell[inside] - start, 1)
-    np.minimum.at(first, cell[inside] - start, element[inside])
+    row, column = np.divmod(cell[inside] - start, row_width)
+    shown = column < columns
+    where = (row[shown], column[shown])
+    np.add.at(counts, where, 1)
+    np.minimum.at(first, where, element[inside][shown])
     return counts, first
+
+
+def _cells(start: int, row_width: int, rows: int, columns: int) -> np.ndarray:
+    """The storage index of each drawn cell."""
+    return start + np.arange(rows, dtype=np.int64)[:, None] * row_width + np.arange(columns, dtype=np.int64)[None, :]
 
 
 def _window(storage_size: int, row_width: int, first_cell: int) -> tuple[int, int, int, int]:
@@ -197,15 +209,13 @@ def _truncation(first_row: int, rows: int, rows_total: int, columns: int, row_wi
 def _draw_returned(axis, output: OutputLayout, storage: _Storage) -> None:
     first_row, rows, columns, rows_total = _window(storage.size, storage.row_width, storage.offset)
     start = first_row * storage.row_width
-    stop = start + rows * storage.row_width
-    counts, first = _coverage(storage.shape, storage.strides, storage.offset, start, stop)
+    counts, first = _coverage(storage.shape, storage.strides, storage.offset, start, storage.row_width, rows, columns)
     kinds = np.where(counts > 1, _OVERLAP, np.where(counts == 1, _COVERED, _GAP))
-    kinds[np.arange(start, stop) >= storage.size] = _OUTSIDE
+    kinds[_cells(start, storage.row_width, rows, columns) >= storage.size] = _OUTSIDE
     labels = np.where(counts > 0, first, -1)
-    grid = (kinds.reshape(rows, storage.row_width)[:, :columns], labels.reshape(rows, storage.row_width)[:, :columns])
-    _draw_grid(axis, grid[0], grid[1], first_row)
+    _draw_grid(axis, kinds, labels, first_row)
     gaps = ""
-    if stop - start >= storage.size:
+    if rows == rows_total and columns == storage.row_width:
         unused = storage.size - int(np.count_nonzero(counts))
         gaps = f", {unused} of them not in the output" if unused else ", every one in the output, in another order"
     axis.set_title(
@@ -222,10 +232,10 @@ def _draw_dense(axis, output: OutputLayout, storage: _Storage) -> None:
     numel = math.prod(storage.shape)
     row_width = max(storage.shape[order[-1]], 1) if order else 1
     first_row, rows, columns, rows_total = _window(numel, row_width, 0)
-    counts, first = _coverage(storage.shape, dense, 0, 0, rows * row_width)
+    counts, first = _coverage(storage.shape, dense, 0, 0, row_width, rows, columns)
     kinds = np.where(counts > 0, _DENSE, _OUTSIDE)
     labels = np.where(counts > 0, first, -1)
-    _draw_grid(axis, kinds.reshape(rows, row_width)[:, :columns], labels.reshape(rows, row_width)[:, :columns], 0)
+    _draw_grid(axis, kinds, labels, 0)
     axis.set_title(
         f"after strideguard fix: one copy, dense in dim order {list(order)}\n"
         f"strides {list(dense)}, {numel} elements with no gaps"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 
 class AliasKind(str, Enum):
@@ -30,6 +30,14 @@ class Alias:
 
     def __str__(self) -> str:
         return f"{self.kind.value} {self.name}"
+
+
+def memory_group_peer(group: Sequence[int], index: int) -> list[int]:
+    """The one other output an output's ``aliases`` names among those sharing its memory (``group``, in
+    order): the first of them, or for the first, the second. Naming every other member would make a
+    report of n outputs sharing one memory n-squared long."""
+    others = [i for i in group[:2] if i != index]
+    return others[:1]
 
 
 class Action(str, Enum):

@@ -70,11 +70,14 @@ class Replay:
         self._values.pop(node, None)
 
     def geometry(self, node: Node) -> Layout:
-        if node in self._geometries:
-            return self._geometries[node]
-        geometry = self._geometry(node)
-        self._geometries[node] = geometry
-        return geometry
+        return _resolved(node, self._geometries, self._geometry_sources, self._geometry)
+
+    def _geometry_sources(self, node: Node) -> list[Node]:
+        if node.op != "call_function" or not node.args or not isinstance(node.args[0], Node):
+            return []
+        if node.target is operator.getitem:
+            return [node.args[0]] if self.is_replayed(node.args[0]) else []
+        return [node.args[0]] if self.is_replayed(node) else []
 
     def _geometry(self, node: Node) -> Layout:
         if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], Node):
@@ -95,11 +98,14 @@ class Replay:
 
     def value(self, node: Node) -> Any:
         """The fake tensor ``node`` holds (views replayed on their bases)."""
-        if node in self._values:
-            return self._values[node]
-        value = self._value(node)
-        self._values[node] = value
-        return value
+        return _resolved(node, self._values, self._value_sources, self._value)
+
+    def _value_sources(self, node: Node) -> list[Node]:
+        if node.op != "call_function":
+            return []
+        if node.target is operator.getitem and isinstance(node.args[0], Node):
+            return [node.args[0]] if self.is_replayed(node.args[0]) else []
+        return list(node.all_input_nodes) if self.is_replayed(node) else []
 
     def _value(self, node: Node) -> Any:
         original = node.meta.get("val")
@@ -111,6 +117,26 @@ class Replay:
         if not self.is_replayed(node):
             return original
         return call_on_fake_values(aten_op(self.op_of(node)), node, self.value)
+
+
+def _resolved(node: Node, cache: dict, sources: Callable[[Node], list[Node]], compute: Callable[[Node], Any]) -> Any:
+    """``cache[node]``, computed after every node it reads (``sources``), deepest first, with a stack of
+    our own: a model's chain of hundreds of views would exceed Python's recursion limit."""
+    if node in cache:
+        return cache[node]
+    stack = [node]
+    while stack:
+        current = stack[-1]
+        if current in cache:
+            stack.pop()
+            continue
+        missing = [source for source in sources(current) if source not in cache]
+        if missing:
+            stack.extend(missing)
+            continue
+        stack.pop()
+        cache[current] = compute(current)
+    return cache[node]
 
 
 def _geometry_of(value: Any) -> Layout:

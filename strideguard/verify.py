@@ -24,7 +24,8 @@ from .dialect import dialect_of, target_dim_orders
 from .lowering import lower_outputs
 from .program import output_values, require_exported_program, user_outputs
 from .pushdown import was_pushed_down
-from .records import OutputCheck, VerifyReport
+from .isolation import DEFAULT_SECONDS, Limits, run_isolated
+from .records import OutputCheck, VerifyReport, memory_group_peer
 
 
 DEVICES = ("cpu", "cuda")
@@ -137,6 +138,8 @@ def verify(
     reference: Optional[ExportedProgram] = None,
     tolerance: tuple[float, float] = PUSHDOWN_TOLERANCE,
     tolerances: Optional[Mapping[torch.dtype, tuple[float, float]]] = None,
+    timeout: Optional[float] = None,
+    memory: Optional[int] = None,
 ) -> VerifyReport:
     """Compile ``program`` with AOTInductor, run it, and check every user output.
 
@@ -155,7 +158,24 @@ def verify(
     reference's: bitwise, or, where ``program`` was pushed down, within
     ``tolerance`` (``(rtol, atol)``); ``reference_error`` is the largest
     difference measured.
+
+    With ``timeout`` (seconds) or ``memory`` (bytes of resident memory), the
+    whole check runs in a child process that is stopped when it passes
+    either (``strideguard.isolation``; the other limit takes its default):
+    ``LimitExceeded`` says which. The programs reach the child through
+    ``torch.export.save``.
     """
+    if timeout is not None or memory is not None:
+        limits = Limits(timeout if timeout is not None else DEFAULT_SECONDS, memory)
+        options = dict(
+            example_inputs=example_inputs, device=device, more_inputs=more_inputs, tolerance=tolerance, tolerances=tolerances
+        )
+        with tempfile.TemporaryDirectory(prefix="strideguard-verify-") as directory:
+            saved = _saved(require_exported_program(program, "verify"), os.path.join(directory, "program.pt2"))
+            reference_saved = None
+            if reference is not None:
+                reference_saved = _saved(require_exported_program(reference, "verify"), os.path.join(directory, "reference.pt2"))
+            return run_isolated(_verify_saved, saved, reference_saved, options, limits=limits)
     program = require_exported_program(program, "verify")
     if reference is not None:
         reference = require_exported_program(reference, "verify")
@@ -187,6 +207,17 @@ def verify(
             tolerance=tolerance if was_pushed_down(program.graph) else None,
             tolerances=table,
         )
+
+
+def _saved(program: ExportedProgram, path: str) -> str:
+    torch.export.save(program, path)
+    return path
+
+
+def _verify_saved(path: str, reference_path: Optional[str], options: dict) -> VerifyReport:
+    """``verify`` in the child ``run_isolated`` starts, on programs the parent saved (so trusted)."""
+    reference = torch.export.load(reference_path) if reference_path is not None else None
+    return verify(torch.export.load(path), reference=reference, **options)
 
 
 def check_compiled(
@@ -353,7 +384,7 @@ def _check_one(
         pointer = value.untyped_storage().data_ptr()
         if pointer in input_storages:
             aliases.append(input_storages[pointer])
-        aliases += [f"output {i}" for i in output_storages.get(pointer, ()) if i != out.index]
+        aliases += [f"output {i}" for i in memory_group_peer(output_storages.get(pointer, ()), out.index)]
     reference = reference.to(value.device)
     if not (value.is_floating_point() or value.is_complex()):
         tolerance = None

@@ -370,6 +370,13 @@ def _cases() -> list[Case]:
         Case("input-named-metadata", "strings skipped by key name", "not plain sympy", lambda w, m: w.edit_program("input-named-metadata", lambda p: _metadata_input(m, p)), runs_in_torch="load"),
         Case("sympy-exponent", "expression that never finishes", "power that is not a number", lambda w, m: w.edit_program("sympy-exponent", _sympy_exponent), heavy=True),
         Case("sympy-precision", "expression that never finishes", "precision", lambda w, m: w.edit_program("sympy-precision", _sympy_precision), heavy=True),
+        Case("sympy-float-exponent", "number that never finishes", "more than 4096 bits", lambda w, m: w.edit_program("sympy-float-exponent", _expression("Float('1e2000000000')")), heavy=True),
+        Case("sympy-floor-power", "number that never finishes", "more than 4096 bits", lambda w, m: w.edit_program("sympy-floor-power", _expression("Pow(Pow(floor(Float('1e308')), Integer(4096)), Integer(4096))")), heavy=True),
+        Case("sympy-nested-floor", "number that never finishes", "nests deeper", lambda w, m: w.edit_program("sympy-nested-floor", _expression("FloorToInt(" * 40 + "Float('1e308')" + ")" * 40)), heavy=True),
+        Case("sympy-expanded-product", "expansion that never finishes", "more than 4096 terms", lambda w, m: w.edit_program("sympy-expanded-product", _expression("Mul(" + ", ".join(f"Add(Symbol('s{2 * i}', integer=True), Symbol('s{2 * i + 1}', integer=True))" for i in range(60)) + ")")), heavy=True),
+        Case("sympy-expanded-power", "expansion that never finishes", "more than 4096 terms", lambda w, m: w.edit_program("sympy-expanded-power", _expression("Pow(Add(" + ", ".join(f"Symbol('s{i}', integer=True)" for i in range(10)) + "), Integer(59))")), heavy=True),
+        Case("guard-floor-power", "guard laundered through a float", "power that is not a number", lambda w, m: w.edit_program("guard-floor-power", lambda p: p.update(guards_code=["L['x'].size()[0] <= math.floor(2.0) ** 10 ** 1000"])), heavy=True),
+        Case("guard-int-power", "guard laundered through a float", "more than 4096 bits", lambda w, m: w.edit_program("guard-int-power", lambda p: p.update(guards_code=["L['x'].size()[0] <= (int(1e308) ** 4096) ** 4096"])), heavy=True),
         Case("symbol-name", "expr_str to sympy.sympify", "size symbol", lambda w, m: w.edit_program("symbol-name", _symbol_name)),
         Case("unbacked-index", "symbol index loop", "index above", lambda w, m: w.edit_program("unbacked-index", _unbacked_index), heavy=True),
         Case("range-key", "range-constraint key", "printed size expression", lambda w, m: w.edit_program("range-key", _range_key)),
@@ -391,6 +398,9 @@ def _cases() -> list[Case]:
         Case("wrap-operator", "as_operator argument", "wrap", lambda w, m: w.edit_program("wrap-operator", wrap_operator_node)),
         Case("load-library", "node target that loads a library", "not an operator strideguard reads", lambda w, m: w.edit_program("load-library", retarget("torch.ops.load_library"))),
         Case("from-file", "operator that maps a file", "reads or maps a file", lambda w, m: w.edit_program("from-file", retarget("torch.ops.aten.from_file.default"))),
+        Case("torchscript-builtin", "TorchScript builtin under aten", "returns a string", lambda w, m: w.edit_program("torchscript-builtin", retarget("torch.ops.aten.ljust.default"))),
+        Case("save-operator", "operator that writes a file", "values of type t", lambda w, m: w.edit_program("save-operator", retarget("torch.ops.aten.save.default"))),
+        Case("warn-operator", "operator that prints", "no tensor", lambda w, m: w.edit_program("warn-operator", retarget("torch.ops.aten.warn.default"))),
         Case("custom-namespace", "custom operator", "custom operator strideguard_test::scale", lambda w, m: w.edit_program("custom-namespace", retarget("torch.ops.strideguard_test.scale.default"))),
         Case("builtin-target", "node target outside torch.ops", "not an operator strideguard reads", lambda w, m: w.edit_program("builtin-target", retarget("math.sqrt"))),
         Case("unknown-argument", "argument names against the schema", "its schema does not have", lambda w, m: w.edit_program("unknown-argument", _unknown_argument)),
@@ -573,6 +583,13 @@ def _sympy_exponent(program: dict) -> None:
 
 def _sympy_precision(program: dict) -> None:
     next(symbolic_expressions(program))["expr_str"] = "Float('1.5', precision=1000000000)"
+
+
+def _expression(expr_str: str) -> Callable[[dict], None]:
+    def edit(program: dict) -> None:
+        next(symbolic_expressions(program))["expr_str"] = expr_str
+
+    return edit
 
 
 def _symbol_name(program: dict) -> None:

@@ -96,8 +96,9 @@ cli.main(sys.argv[2:])
 
 
 def test_signals_during_the_write_remove_the_temporary_file(policy, tmp_path):
+    """Every catchable signal that would end the process, not only SIGINT and SIGTERM."""
     runs = {}
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in output_module._HANDLED_SIGNALS:
         folder = tmp_path / signum.name
         folder.mkdir()
         ready = folder / "ready"
@@ -200,3 +201,16 @@ def test_outputs_that_are_refused(tmp_path, name, says, overwrite):
         write_output(f"{tmp_path}/{name}", lambda file: file.write(b"new"), input_path=source, overwrite=overwrite)
     assert source.read_bytes() == b"input"
     assert leftovers(tmp_path) == []
+
+
+def test_a_long_output_name_is_written_or_refused_before_the_work(tmp_path):
+    """A name the file system takes is written (its temporary's name is cut to fit); a longer one is refused
+    at once, before anything is computed."""
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX")
+    fitting = tmp_path / ("f" * (longest - 4) + ".pt2")
+    write_output(fitting, lambda file: file.write(b"new"))
+    assert fitting.read_bytes() == b"new"
+    calls = []
+    with pytest.raises(ProgramFileError, match=f"longer than the {longest} bytes"):
+        write_output(tmp_path / ("f" * longest + ".pt2"), lambda file: calls.append(file))
+    assert calls == [] and leftovers(tmp_path) == []

@@ -20,6 +20,7 @@ size or symbol taken as 64 bits, and nothing may exceed ``MAX_BITS``.
 from __future__ import annotations
 
 import ast
+import decimal
 import math
 import re
 from dataclasses import dataclass
@@ -48,53 +49,80 @@ def symbol_name(text: str, what: str = "a symbol") -> str:
 
 @dataclass(frozen=True)
 class _Size:
-    """What evaluating a sub-expression can produce: at most ``bits`` bits, or a float (which cannot grow)."""
+    """A bound on what evaluating or expanding a sub-expression can cost.
+
+    ``bits`` bounds the binary exponent of any value it can take, and of its
+    reciprocal: an integer's bit length, a float's exponent either way (a
+    sympy ``Float`` has an exponent of any size, so ``floor`` of one is an
+    integer of that many bits). ``terms`` bounds how many terms it expands to
+    (``ShapeEnv.simplify`` expands products of sums).
+    """
 
     bits: int
-    is_float: bool = False
+    terms: int = 1
 
     @staticmethod
     def of_int(value: int) -> "_Size":
         return _Size(max(value.bit_length(), 1))
 
 
-_FLOAT = _Size(1024, True)
-_BOOLEAN = _Size(1)
+_ONE = _Size(1)
 _INPUT = _Size(64)
 """An input size, stride or symbol: int64 to torch."""
+_FLOAT_INPUT = _Size(1024)
+"""A float symbol or a Python float: a double's exponent is at most 1,024 either way."""
+
+
+def _float_size(value: float) -> _Size:
+    if not math.isfinite(value) or value == 0:
+        return _ONE
+    return _Size(abs(math.frexp(value)[1]) + 1)
+
+
+def _decimal_size(text: str) -> _Size:
+    """A number written in decimal, however large its exponent, without evaluating it."""
+    number = decimal.Decimal(text)
+    if not number.is_finite() or number.is_zero():
+        return _ONE
+    return _Size(math.ceil((abs(number.adjusted()) + 1) * math.log2(10)) + 1)
 
 
 def _bounded(size: _Size, where: str) -> _Size:
-    if not size.is_float and size.bits > limits.MAX_BITS:
-        raise Refused(f"{where} can compute an integer of more than {limits.MAX_BITS} bits")
+    if size.bits > limits.MAX_BITS:
+        raise Refused(f"{where} can compute a number of more than {limits.MAX_BITS} bits")
+    if size.terms > limits.MAX_TERMS:
+        raise Refused(f"{where} can expand to more than {limits.MAX_TERMS} terms")
     return size
 
 
 def _widest(sizes: Iterable[_Size]) -> _Size:
-    sizes = list(sizes) or [_BOOLEAN]
-    if any(size.is_float for size in sizes):
-        return _FLOAT
-    return _Size(max(size.bits for size in sizes))
+    """A function whose result is no larger than its largest argument (``Max``, ``floor``, ``Mod``)."""
+    sizes = list(sizes) or [_ONE]
+    return _Size(max(size.bits for size in sizes), sum(size.terms for size in sizes))
 
 
 def _sum(sizes: list[_Size]) -> _Size:
     widest = _widest(sizes)
-    return widest if widest.is_float else _Size(widest.bits + math.ceil(math.log2(max(len(sizes), 1))) + 1)
+    return _Size(widest.bits + math.ceil(math.log2(max(len(sizes), 1))) + 1, widest.terms)
 
 
 def _product(sizes: list[_Size]) -> _Size:
-    return _FLOAT if any(size.is_float for size in sizes) else _Size(sum(size.bits for size in sizes))
+    """A product or a quotient: exponents add; expanded, every term of one multiplies every term of the others."""
+    return _Size(sum(size.bits for size in sizes), math.prod(min(size.terms, limits.MAX_TERMS + 1) for size in sizes))
 
 
-def _power(base: _Size, exponent: Optional[int], where: str) -> _Size:
+def _power(base: _Size, exponent: Optional[float], where: str) -> _Size:
     """``base ** exponent`` where the exponent must be a literal: a symbolic one has no bound."""
-    if base.is_float:
-        return _FLOAT
     if exponent is None:
         raise Refused(f"{where} raises to a power that is not a number")
-    if abs(exponent) > limits.MAX_BITS:
+    if not abs(exponent) <= limits.MAX_BITS:
         raise Refused(f"{where} raises to the power {exponent}, above {limits.MAX_BITS}")
-    return _Size(base.bits * max(abs(exponent), 1))
+    times = max(math.ceil(abs(exponent)), 1)
+    terms = base.terms
+    if exponent == int(exponent) and exponent > 1 and base.terms > 1:
+        # The multinomial expansion of a k-term sum to the n-th power has C(n + k - 1, k - 1) terms.
+        terms = math.comb(times + min(base.terms, limits.MAX_TERMS + 1) - 1, times)
+    return _Size(base.bits * times, terms)
 
 
 def _parse(text: str, what: str, limit: int) -> ast.expr:
@@ -102,32 +130,47 @@ def _parse(text: str, what: str, limit: int) -> ast.expr:
         raise Refused(f"{what} is longer than {limit} characters")
     if not text.isprintable() or not text.isascii() or "#" in text or "\\" in text:
         raise Refused(f"{what} {excerpt(text)} contains a character no expression needs")
+    if _nesting(text) > limits.MAX_EXPRESSION_DEPTH:
+        raise Refused(f"{what} {excerpt(text)} nests deeper than {limits.MAX_EXPRESSION_DEPTH} levels")
     try:
         return ast.parse(text, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise Refused(f"{what} {excerpt(text)} is not an expression") from None
 
 
+def _nesting(text: str) -> int:
+    """The deepest bracket nesting of ``text``, counted before Python or sympy recurse into it."""
+    depth = deepest = 0
+    for character in text:
+        if character in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif character in ")]}":
+            depth -= 1
+    return deepest
+
+
 # --- sympy.srepr ----------------------------------------------------------------------------------------------
 
-_SREPR_CONSTANTS = {"oo": _FLOAT, "zoo": _FLOAT, "nan": _FLOAT, "true": _BOOLEAN, "false": _BOOLEAN, "int_oo": _FLOAT}
+_SREPR_CONSTANTS = {"oo": _ONE, "zoo": _ONE, "nan": _ONE, "true": _ONE, "false": _ONE, "int_oo": _ONE}
 _SREPR_WIDEST = frozenset(
     {
         "Max", "Min", "Abs", "floor", "ceiling", "Piecewise", "ExprCondPair", "Where", "Identity",
         "TruncToInt", "RoundToInt", "FloorToInt", "CeilToInt", "Mod", "PythonMod", "FloorDiv", "CleanDiv",
-        "CeilDiv", "ModularIndexing", "RShift",
+        "CeilDiv", "ModularIndexing", "RShift", "ToFloat", "TruncToFloat",
     }
 )
-"""Functions whose integer result is no wider than their widest argument."""
-_SREPR_FLOAT = frozenset({"FloatTrueDiv", "IntTrueDiv", "ToFloat", "TruncToFloat", "FloatPow"})
+"""Functions whose result is no larger than their largest argument (a float's ``floor`` is as large as the float)."""
+_SREPR_QUOTIENTS = frozenset({"FloatTrueDiv", "IntTrueDiv"})
+"""A quotient is as large as its numerator times the reciprocal of its denominator."""
 _SREPR_BOOLEAN = frozenset(
     {
         "Equality", "Unequality", "StrictLessThan", "LessThan", "StrictGreaterThan", "GreaterThan",
         "And", "Or", "Not", "Xor", "IsNonOverlappingAndDenseIndicator",
     }
 )
-SREPR_FUNCTIONS = _SREPR_WIDEST | _SREPR_FLOAT | _SREPR_BOOLEAN | {
-    "Add", "Mul", "Pow", "PowByNatural", "LShift", "RoundDecimal", "Integer", "Rational", "Float", "Symbol",
+SREPR_FUNCTIONS = _SREPR_WIDEST | _SREPR_QUOTIENTS | _SREPR_BOOLEAN | {
+    "Add", "Mul", "Pow", "PowByNatural", "FloatPow", "LShift", "RoundDecimal", "Integer", "Rational", "Float", "Symbol",
 }
 """Every callable an ``expr_str`` may name: sympy's classes and torch's ``torch.utils._sympy.functions``."""
 
@@ -148,7 +191,7 @@ class _SreprChecker:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return _Size.of_int(node.value)
         if isinstance(node, ast.Constant) and type(node.value) is float:
-            return _FLOAT
+            return _float_size(node.value)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             return self.size(node.operand)
         if isinstance(node, ast.Name) and node.id in _SREPR_CONSTANTS:
@@ -173,25 +216,25 @@ class _SreprChecker:
             return _sum(arguments)
         if name == "Mul":
             return _product(arguments)
-        if name in ("Pow", "PowByNatural"):
+        if name in ("Pow", "PowByNatural", "FloatPow"):
             self.arity(name, node, 2)
-            return _power(arguments[0], _literal_int(node.args[1], allow_rational=True), self.where)
+            return _power(arguments[0], _literal_number(node.args[1]), self.where)
+        if name in _SREPR_QUOTIENTS:
+            return _product(arguments)
         if name == "LShift":
             self.arity(name, node, 2)
             shift = _literal_int(node.args[1])
             if shift is None or not 0 <= shift <= limits.MAX_BITS:
                 raise self.refuse(f"shifts by something other than a number up to {limits.MAX_BITS}")
-            return _Size(arguments[0].bits + shift, arguments[0].is_float)
+            return _Size(arguments[0].bits + shift, arguments[0].terms)
         if name == "RoundDecimal":
             self.arity(name, node, 2)
             digits = _literal_int(node.args[1])
             if digits is None or abs(digits) > 1000:
                 raise self.refuse("rounds to a number of digits that is not a small number")
-            return arguments[0]
-        if name in _SREPR_FLOAT:
-            return _FLOAT
+            return _Size(arguments[0].bits + math.ceil(abs(digits) * math.log2(10)), arguments[0].terms)
         if name in _SREPR_BOOLEAN:
-            return _BOOLEAN
+            return _Size(1, _widest(arguments).terms)
         return _widest(arguments)
 
     def arity(self, name: str, node: ast.Call, count: int) -> None:
@@ -205,7 +248,7 @@ class _SreprChecker:
         for flag in node.keywords:
             if flag.arg not in _SYMPY_ASSUMPTIONS or not isinstance(flag.value, ast.Constant) or type(flag.value.value) is not bool:
                 raise self.refuse(f"gives Symbol the assumption {flag.arg!r}, which is not a sympy assumption set to True or False")
-        return _FLOAT if name.startswith(("zf", "zuf")) else _INPUT
+        return _FLOAT_INPUT if name.startswith(("zf", "zuf")) else _INPUT
 
     def float(self, node: ast.Call) -> _Size:
         if len(node.args) != 1 or not isinstance(node.args[0], ast.Constant):
@@ -217,20 +260,46 @@ class _SreprChecker:
             precision = _literal_int(flag.value)
             if flag.arg not in ("precision", "dps") or precision is None or not 1 <= precision <= limits.MAX_FLOAT_PRECISION:
                 raise self.refuse(f"gives Float a precision that is not a number up to {limits.MAX_FLOAT_PRECISION}")
-        return _FLOAT
+        return _decimal_size(str(value)) if type(value) is str else _float_size(float(value))
 
 
-def _literal_int(node: ast.expr, *, allow_rational: bool = False) -> Optional[int]:
-    """The value of an integer literal (``3``, ``-3``, ``Integer(3)``, ``Integer(-3)``); for a rational, its numerator."""
+def _literal_number(node: ast.expr) -> Optional[float]:
+    """The value of a numeric literal exponent: an integer, a rational's ``p/q`` or a plain float."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _literal_int(node.operand, allow_rational=allow_rational)
+        value = _literal_number(node.operand)
+        return None if value is None else (-value if isinstance(node.op, ast.USub) else value)
+    if isinstance(node, ast.Constant) and type(node.value) is float and math.isfinite(node.value):
+        return node.value
+    if (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Rational"
+        and len(node.args) == 2 and not node.keywords
+    ):
+        numerator, denominator = _literal_int(node.args[0]), _literal_int(node.args[1])
+        if numerator is None or not denominator:
+            return None
+        return numerator / denominator if abs(numerator) <= 1 << 64 and abs(denominator) <= 1 << 64 else None
+    if (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Float"
+        and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) and not node.keywords
+    ):
+        try:
+            value = float(node.args[0].value)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return value if math.isfinite(value) else None
+    value = _literal_int(node)
+    return None if value is None or abs(value) > 1 << 64 else float(value)
+
+
+def _literal_int(node: ast.expr) -> Optional[int]:
+    """The value of an integer literal (``3``, ``-3``, ``Integer(3)``, ``Integer(-3)``)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _literal_int(node.operand)
         return None if value is None else (-value if isinstance(node.op, ast.USub) else value)
     if isinstance(node, ast.Constant) and type(node.value) is int:
         return node.value
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
         if node.func.id == "Integer" and len(node.args) == 1:
-            return _literal_int(node.args[0])
-        if allow_rational and node.func.id == "Rational" and len(node.args) == 2 and _literal_int(node.args[1]) is not None:
             return _literal_int(node.args[0])
     return None
 
@@ -268,7 +337,7 @@ class _GuardChecker:
         if isinstance(node, ast.Constant) and type(node.value) in (int, bool):
             return _Size.of_int(int(node.value))
         if isinstance(node, ast.Constant) and type(node.value) is float:
-            return _FLOAT
+            return _float_size(node.value)
         if isinstance(node, ast.BoolOp):
             return _widest(self.size(value) for value in node.values)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
@@ -276,11 +345,11 @@ class _GuardChecker:
         if isinstance(node, ast.Compare) and all(isinstance(op, _GUARD_COMPARISONS) for op in node.ops):
             for operand in (node.left, *node.comparators):
                 self.size(operand)
-            return _BOOLEAN
+            return _ONE
         if isinstance(node, ast.BinOp) and isinstance(node.op, _GUARD_BINARY):
             return self.binary(node)
         if isinstance(node, ast.Attribute) and _is_name(node.value, "math") and node.attr in _GUARD_MATH_CONSTANTS:
-            return _FLOAT
+            return _Size(2)
         if isinstance(node, ast.Call):
             return self.call(node)
         if isinstance(node, ast.Subscript):
@@ -290,19 +359,23 @@ class _GuardChecker:
     def binary(self, node: ast.BinOp) -> _Size:
         left, right = self.size(node.left), self.size(node.right)
         if isinstance(node.op, ast.Pow):
-            return _power(left, _literal_int(node.right), self.where)
+            return _power(left, _literal_number(node.right), self.where)
         if isinstance(node.op, ast.Mult):
             return _product([left, right])
         if isinstance(node.op, (ast.Add, ast.Sub)):
             return _sum([left, right])
         if isinstance(node.op, ast.Div):
-            return _FLOAT
+            # A Python float: a quotient too large for one raises OverflowError at once.
+            return _Size(min(_product([left, right]).bits, _FLOAT_INPUT.bits))
         return _widest([left, right])
 
     def call(self, node: ast.Call) -> _Size:
         function = node.func
         if node.keywords:
             raise Refused(f"{self.where} passes keywords")
+        if isinstance(function, ast.Name) and function.id == "float":
+            # A Python float: an integer too large for one raises OverflowError at once.
+            return _Size(min(_widest(self.size(argument) for argument in node.args).bits, _FLOAT_INPUT.bits))
         if isinstance(function, ast.Name) and function.id in _GUARD_FUNCTIONS:
             return _widest(self.size(argument) for argument in node.args)
         if isinstance(function, ast.Attribute) and _is_name(function.value, "math") and function.attr in _GUARD_MATH:

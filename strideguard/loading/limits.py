@@ -29,8 +29,15 @@ MAX_METADATA_TEXT = 1 << 20
 MAX_EXPRESSION = 10_000
 """Characters of one symbolic-shape expression."""
 MAX_BITS = 4096
-"""Bits of any integer an expression, a guard or a chain of symbolic-size operations can compute,
-with every input size taken as 64 bits: ``9**9**9**9`` or ``Pow(s0, 10**9)`` are refused, ``s0**2`` is not."""
+"""Bits of any number an expression, a guard or a chain of symbolic-size operations can compute (an
+integer's length, a float's exponent either way), with every input size taken as 64 bits and every float
+input as 1,024: ``9**9**9**9``, ``Pow(s0, 10**9)``, ``Float('1e2000000000')`` or ``floor`` of a float
+raised to a large power are refused, ``s0**2`` is not."""
+MAX_EXPRESSION_DEPTH = 32
+"""Bracket nesting of an expression or a guard; sympy evaluates nested functions recursively."""
+MAX_TERMS = 4096
+"""Terms an expression can expand to (``ShapeEnv.simplify`` expands products of sums): a product of sixty
+two-term sums (2**60 terms) or ``Pow(Add(s0, ..., s9), 59)`` is refused, ``(s0 + 1) * (s1 + 1)`` is not."""
 MAX_FLOAT_PRECISION = 4096
 """Bits of precision of a sympy ``Float``."""
 MAX_SYMBOL_INDEX = 999_999

@@ -8,9 +8,11 @@ Torch resolves a node's target by attribute lookup from ``torch``,
 argument names) all resolve. A node is accepted only if its target is one of:
 
 * an operator overload ``torch.ops.<namespace>.<op>.<overload>`` registered in
-  an allowed namespace (``aten``, ``prims``), except the few that read or map
-  files or print (``from_file``, ``_print``); its argument names must be those
-  of the operator's schema, and it takes no graph or callable;
+  an allowed namespace (``aten``, ``prims``) whose schema is a tensor
+  operator's (``schema_problem``: no TorchScript builtin such as ``ljust`` or
+  ``save``), except ``from_file``, the one such operator that reads a file;
+  its argument names must be those of the operator's schema, and it takes no
+  graph or callable;
 * a higher-order operator from a short list (control flow, grad and autocast
   regions, functionalized mutation); its arguments may be tensors, numbers,
   subgraphs and keyword names that are identifiers, and only the string or
@@ -126,7 +128,53 @@ def resolve(target: str) -> Target:
     packet = getattr(getattr(torch.ops, namespace), name, None)
     if not isinstance(packet, torch._ops.OpOverloadPacket) or overload_name not in packet.overloads():
         raise Refused(f"uses {excerpt(target, 80)}, which this torch ({torch.__version__}) does not have as an operator")
-    return Target(Kind.OVERLOAD, target, getattr(packet, overload_name))
+    overload = getattr(packet, overload_name)
+    problem = schema_problem(overload._schema)
+    if problem is not None:
+        raise Refused(f"uses {qualified}.{overload_name}, which {problem}; a graph holds tensor operators only")
+    return Target(Kind.OVERLOAD, target, overload)
+
+
+_TENSOR_OPERATOR_TYPES = frozenset(
+    {
+        "TensorType", "IntType", "SymIntType", "FloatType", "SymFloatType", "BoolType", "SymBoolType",
+        "NumberType", "ComplexType", "DeviceObjType", "GeneratorType", "ScalarTypeType", "LayoutType",
+        "MemoryFormatType", "NoneType", "StringType",
+    }
+)
+"""The types of a tensor operator's schema (``native_functions.yaml``'s vocabulary), lists and optionals of them."""
+_TENSOR_VALUES = frozenset({"TensorType", "SymIntType", "SymFloatType", "SymBoolType", "NumberType"})
+
+
+def _elements(type_: Any) -> list[Any]:
+    if type_.kind() in ("ListType", "OptionalType"):
+        return _elements(type_.getElementType())
+    return [type_]
+
+
+def schema_problem(schema: torch._C.FunctionSchema) -> Optional[str]:
+    """Why an ``aten`` or ``prims`` schema is not a tensor operator's, or ``None`` when it is.
+
+    The namespaces also hold about a thousand TorchScript builtins (``ljust``,
+    ``format``, ``dict``, ``save``, ``warn``) that FakeTensorMode runs for real
+    on their string and integer arguments. Decided from the schema alone: every
+    argument and result is a tensor, a number, a size, a dtype, a device or the
+    like (a string only as an argument, such as ``einsum``'s equation or an
+    assertion's message), and at least one is a tensor, a symbolic size or a
+    scalar. Generic types (``t``), dictionaries, storages, futures and classes
+    are not a tensor operator's.
+    """
+    arguments = [type_ for argument in schema.arguments for type_ in _elements(argument.type)]
+    results = [type_ for result in schema.returns for type_ in _elements(result.type)]
+    foreign = sorted({str(type_) for type_ in arguments + results if type_.kind() not in _TENSOR_OPERATOR_TYPES})
+    if foreign:
+        return f"takes or returns values of type {', '.join(foreign)}"
+    arguments, results = [type_.kind() for type_ in arguments], [type_.kind() for type_ in results]
+    if "StringType" in results:
+        return "returns a string"
+    if not _TENSOR_VALUES.intersection(arguments + results):
+        return "has no tensor, symbolic size or scalar in its schema"
+    return None
 
 
 def operator_argument(target: str) -> None:

@@ -12,7 +12,8 @@ flushes it to disk, then publishes it:
 
 Write errors never reach torch's C++ stream writer, which aborts the process
 when its destructor sees a failed write: the writer torch is handed swallows
-them and they are raised once torch is done. SIGINT and SIGTERM (and SIGHUP)
+them and they are raised once torch is done. SIGINT, SIGTERM, SIGHUP and every
+other catchable signal that would end the process (``_HANDLED_SIGNALS``)
 during the write are held until torch returns, so that its writer is never
 interrupted (it stops writing at once); then the temporary file is removed
 and ``Interrupted`` is raised. A signal that comes once the file is complete
@@ -37,7 +38,20 @@ from torch.export import ExportedProgram
 
 from .errors import ProgramFileError
 
-_HANDLED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+_HANDLED_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in (
+        "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF",
+        "SIGXCPU", "SIGIO", "SIGPWR", "SIGSTKFLT",
+    )
+    if hasattr(signal, name)
+)
+"""Every signal whose default action ends the process and that Python can catch, except the faults a
+running program raises on itself (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGSYS, SIGTRAP), which no
+handler could survive. SIGXFSZ is ignored instead; SIGKILL and SIGSTOP cannot be caught (a SIGKILL
+during a write leaves the temporary ``.NAME.HEX.tmp`` beside the output)."""
+MAX_TEMPORARY_SUFFIX = len(".") + 12 + len(".tmp") + len(".")
+"""What the temporary's name adds to the output's: ``.NAME.<12 hex digits>.tmp``."""
 
 
 class Interrupted(BaseException):
@@ -82,7 +96,8 @@ _signals = _Signals()
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """Within this block, SIGINT, SIGTERM and SIGHUP raise ``Interrupted`` (held during writes).
+    """Within this block, SIGINT, SIGTERM, SIGHUP and the other signals that would end the process raise
+    ``Interrupted`` (held during writes).
 
     SIGXFSZ is ignored, so that exceeding a file-size limit fails the write
     with ``EFBIG`` (reported as a write error) instead of killing the process.
@@ -122,6 +137,16 @@ def check_output_path(
     folder = os.path.dirname(os.path.abspath(text))
     if not os.path.isdir(folder):
         raise ProgramFileError(text, f"cannot be written: no folder {folder}")
+    longest = _longest_name(folder)
+    if len(os.fsencode(os.path.basename(text))) > longest:
+        raise ProgramFileError(text, f"cannot be written: its name is longer than the {longest} bytes this file system allows")
+
+
+def _longest_name(folder: str) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def _same_file(first: str, second: os.PathLike | str) -> bool:
@@ -187,7 +212,7 @@ def write_output(
     output = os.fspath(output)
     check_output_path(output, input_path=input_path, overwrite=overwrite)
     folder = os.path.dirname(os.path.abspath(output))
-    temporary = os.path.join(folder, f".{os.path.basename(output)}.{secrets.token_hex(6)}.tmp")
+    temporary = os.path.join(folder, _temporary_name(os.path.basename(output), _longest_name(folder)))
     try:
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as error:
@@ -208,6 +233,15 @@ def write_output(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
     _sync_folder(folder)
+
+
+def _temporary_name(name: str, longest: int) -> str:
+    """``.NAME.<hex>.tmp``, the name cut short enough that the whole fits the file system's limit."""
+    room = max(longest - MAX_TEMPORARY_SUFFIX, 1)
+    shortened = os.fsdecode(os.fsencode(name)[:room]) if len(os.fsencode(name)) > room else name
+    while len(os.fsencode(shortened)) > room:  # a multi-byte character cut in half decodes longer
+        shortened = shortened[:-1]
+    return f".{shortened}.{secrets.token_hex(6)}.tmp"
 
 
 def save_program(
