@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.strideguard-installed
 
-.PHONY: demo test test-torch2.14 bench zoo fuzz clean
+.PHONY: demo test test-torch2.14 test-robots bench zoo fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,5 +45,25 @@ $(LANE2_STAMP): pyproject.toml constraints-torch2.14.txt
 test-torch2.14: $(LANE2_STAMP)
 	$(LANE2)/bin/python -m pytest -q
 
+# The third lane: LeRobot's policies in the zoo (tests/robots.py). LeRobot needs Python 3.12: the newest
+# 3.12 pyenv has, else python3.12 on the PATH. Its own pins (torch<2.12) are not taken: --no-deps.
+ROBOTS_PYTHON ?= $(shell v=$$(pyenv versions --bare 2>/dev/null | grep '^3\.12' | tail -1); \
+	if [ -n "$$v" ]; then echo "$$(pyenv root)/versions/$$v/bin/python"; else command -v python3.12; fi)
+LANE3 := .venv-robots
+LANE3_STAMP := $(LANE3)/.strideguard-installed
+
+$(LANE3_STAMP): pyproject.toml constraints-robots.txt
+	test -n "$(ROBOTS_PYTHON)" || { echo "make test-robots needs Python 3.12" >&2; exit 2; }
+	test -x $(LANE3)/bin/python || $(ROBOTS_PYTHON) -m venv $(LANE3)
+	PYTHONWARNINGS=ignore $(LANE3)/bin/python -m pip install -q --upgrade pip
+	PYTHONWARNINGS=ignore $(LANE3)/bin/python -m pip install -q -c constraints-robots.txt torchvision -e '.[executorch,dev,zoo]'
+	PYTHONWARNINGS=ignore $(LANE3)/bin/python -m pip install -q --no-deps -c constraints-robots.txt lerobot
+	PYTHONWARNINGS=ignore $(LANE3)/bin/python -m pip install -q -c constraints-robots.txt einops draccus gymnasium \
+		safetensors termcolor opencv-python-headless
+	touch $(LANE3_STAMP)
+
+test-robots: $(LANE3_STAMP)
+	$(LANE3)/bin/python -m pytest -q tests/test_zoo.py -k lerobot
+
 clean:
-	rm -rf $(VENV) $(LANE2) build *.egg-info
+	rm -rf $(VENV) $(LANE2) $(LANE3) build *.egg-info

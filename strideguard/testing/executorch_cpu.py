@@ -192,7 +192,11 @@ class _Capture(ExportedProgramPassBase):
 
 
 def aoti_edge_program(
-    program: ExportedProgram, *, transform_passes: Sequence[Callable] = (), skip_dim_order: bool = False
+    program: ExportedProgram,
+    *,
+    transform_passes: Sequence[Callable] = (),
+    skip_dim_order: bool = False,
+    core_aten_exceptions: Sequence[str] = (),
 ) -> ExportedProgram:
     """The Edge program ExecuTorch's AOTI path builds from ``program``, as its transform passes see it.
 
@@ -200,7 +204,8 @@ def aoti_edge_program(
     a ``split`` stays a ``split_copy`` (which ExecuTorch's view pass converts)
     where ``to_edge`` would write ``split_with_sizes_copy`` (which it does not).
     Lowering stops at partitioning, which works on fake weights. ``program``
-    itself is left as it was.
+    itself is left as it was. ``core_aten_exceptions`` names ops (``"aten::multinomial"``)
+    that ``to_edge``'s verifier must accept although they are not core ATen.
     """
     from executorch.exir import EdgeCompileConfig
 
@@ -213,7 +218,9 @@ def aoti_edge_program(
             private_program(program),
             partitioner=[partitioner],
             transform_passes=[*transform_passes, capture],
-            compile_config=EdgeCompileConfig(_skip_dim_order=skip_dim_order),
+            compile_config=EdgeCompileConfig(
+                _skip_dim_order=skip_dim_order, _core_aten_ops_exception_list=_overloads(core_aten_exceptions)
+            ),
         )
     except _Stop:
         pass
@@ -236,6 +243,16 @@ class DelegateRun:
     so_paths: list[str]
 
 
+def _overloads(names: Sequence[str]) -> list:
+    """Every overload of each ``namespace::op`` named."""
+    found = []
+    for name in names:
+        namespace, op = name.split("::")
+        packet = getattr(getattr(torch.ops, namespace), op)
+        found += [getattr(packet, overload) for overload in packet.overloads()]
+    return found
+
+
 def lower_and_run(
     program: ExportedProgram,
     inputs: tuple,
@@ -243,6 +260,7 @@ def lower_and_run(
     transform_passes: Sequence[Callable] = (),
     partitioner_wrapper: Callable[[Partitioner], Partitioner] | None = None,
     workdir: str,
+    core_aten_exceptions: Sequence[str] = (),
 ) -> DelegateRun:
     """Lower ``program`` with ExecuTorch's AOTI path on the CPU and run it.
 
@@ -251,8 +269,10 @@ def lower_and_run(
     the partitioner (to observe or alter partitioning). Compiled .so copies are
     kept under ``workdir``. The lowered method may hold several delegates, but
     nothing else: an op left outside every delegate raises NotImplementedError.
-    ``program`` itself is left as it was.
+    ``program`` itself is left as it was. ``core_aten_exceptions`` as for ``aoti_edge_program``.
     """
+    from executorch.exir import EdgeCompileConfig
+
     partitioner: Partitioner = make_partitioner("forward")
     if partitioner_wrapper is not None:
         partitioner = partitioner_wrapper(partitioner)
@@ -262,6 +282,7 @@ def lower_and_run(
             private_program(program),
             partitioner=[partitioner],
             transform_passes=list(transform_passes),
+            compile_config=EdgeCompileConfig(_core_aten_ops_exception_list=_overloads(core_aten_exceptions)),
         )
     edge_program = edge_manager.exported_program()
     outputs, so_paths = _run_lowered_method(edge_program, inputs, so_paths_by_key)
