@@ -155,7 +155,7 @@ def _wait(child: subprocess.Popen, limits: Limits, what: str) -> None:
 
 
 def _gigabytes(count: int) -> str:
-    return f"{count / (1 << 30):.1f} GiB"
+    return f"{count / (1 << 30):.1f} GiB" if count >= 1 << 30 else f"{count / (1 << 20):.0f} MiB"
 
 
 def _resident_bytes(pid: int) -> int:

@@ -177,3 +177,19 @@ def test_outputs_sharing_one_memory_cost_linear_time_and_report_size():
     size_ratio = sizes[2000][1] / sizes[500][1]
     assert size_ratio < 5, sizes
     assert time_ratio < 8, sizes
+
+
+def test_the_librarys_verify_runs_within_its_limits():
+    """``verify(timeout=..., memory=...)`` stops its child at either limit, with one line saying which;
+    limits that are not positive numbers are refused before anything runs."""
+    from strideguard.examples import export_policy
+    from strideguard.isolation import LimitExceeded
+
+    program = export_policy(batch=1)
+    with pytest.raises(LimitExceeded, match="ran past the time limit of 1 s"):
+        strideguard.verify(program, timeout=1)
+    with pytest.raises(LimitExceeded, match="more than 1 MiB of memory"):
+        strideguard.verify(program, memory=1 << 20)
+    for bad in (dict(timeout=0), dict(timeout="10"), dict(memory=True), dict(memory=-1)):
+        with pytest.raises(ValueError, match="limit must be a positive number"):
+            strideguard.verify(program, **bad)
