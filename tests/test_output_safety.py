@@ -214,3 +214,15 @@ def test_a_long_output_name_is_written_or_refused_before_the_work(tmp_path):
     with pytest.raises(ProgramFileError, match=f"longer than the {longest} bytes"):
         write_output(tmp_path / ("f" * longest + ".pt2"), lambda file: calls.append(file))
     assert calls == [] and leftovers(tmp_path) == []
+
+
+def test_a_signal_ignored_at_start_stays_ignored():
+    """``nohup strideguard fix ...`` ignores SIGHUP; strideguard must not turn it back into a stop."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with output_module.interruptible():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == output_module._signals.handle
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -97,12 +97,18 @@ _signals = _Signals()
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """Within this block, SIGINT, SIGTERM, SIGHUP and the other signals that would end the process raise
-    ``Interrupted`` (held during writes).
+    ``Interrupted`` (held during writes), unless they were ignored when it was entered.
 
     SIGXFSZ is ignored, so that exceeding a file-size limit fails the write
     with ``EFBIG`` (reported as a write error) instead of killing the process.
     """
-    previous = {signum: signal.signal(signum, _signals.handle) for signum in _HANDLED_SIGNALS}
+    # A signal ignored when strideguard started (nohup's SIGHUP, SIGINT in a background job) stays ignored:
+    # whoever started it asked for that.
+    previous = {
+        signum: signal.signal(signum, _signals.handle)
+        for signum in _HANDLED_SIGNALS
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
     previous_xfsz = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     try:
         yield
