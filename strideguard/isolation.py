@@ -139,11 +139,11 @@ def _child_environment(scratch: str) -> dict[str, str]:
 
 
 def _wait(child: subprocess.Popen, limits: Limits, what: str) -> None:
-    started = time.monotonic()
+    started, memory = time.monotonic(), limits.bytes
     while child.poll() is None:
-        if _resident_bytes(child.pid) > limits.bytes:
+        if _resident_bytes(child.pid) > memory:
             raise LimitExceeded(
-                f"{what} used more than {_gigabytes(limits.bytes)} of memory and was stopped (raise the limit: --memory, "
+                f"{what} used more than {_gigabytes(memory)} of memory and was stopped (raise the limit: --memory, "
                 "or verify(memory=...))"
             )
         if time.monotonic() - started > limits.seconds:

@@ -242,11 +242,8 @@ def write_output(
 
 
 def _temporary_name(name: str, longest: int) -> str:
-    """``.NAME.<hex>.tmp``, the name cut short enough that the whole fits the file system's limit."""
-    room = max(longest - MAX_TEMPORARY_SUFFIX, 1)
-    shortened = os.fsdecode(os.fsencode(name)[:room]) if len(os.fsencode(name)) > room else name
-    while len(os.fsencode(shortened)) > room:  # a multi-byte character cut in half decodes longer
-        shortened = shortened[:-1]
+    """``.NAME.<hex>.tmp``, the name cut short enough (in bytes) that the whole fits the file system's limit."""
+    shortened = os.fsdecode(os.fsencode(name)[: max(longest - MAX_TEMPORARY_SUFFIX, 1)])
     return f".{shortened}.{secrets.token_hex(6)}.tmp"
 
 
