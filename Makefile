@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.strideguard-installed
 
-.PHONY: demo test test-torch2.14 test-robots bench zoo fuzz clean
+.PHONY: demo check test test-long test-torch2.14 test-robots bench zoo fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,8 +16,21 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(PY) -m strideguard demo
 
+# The tiers (tests/tiers.py): `check` runs what neither compiles, lowers nor starts Python processes (under
+# two minutes);
+# `test` runs everything but the `long` tier, which `test-long` runs: kept failures replayed in
+# the whole fuzz batches they were found in.
+# Two workers, one test file each at a time (module fixtures compile once): the two cores both busy.
+PARALLEL := -n 2 --dist loadfile
+
+check: $(STAMP)
+	$(PY) -m pytest -q $(PARALLEL) -m "not compiles and not lowers and not commands and not long"
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PARALLEL) -m "not long"
+
+test-long: $(STAMP)
+	$(PY) -m pytest -q $(PARALLEL) -m long
 
 bench: $(STAMP)
 	$(PY) bench/run.py
@@ -29,6 +42,7 @@ zoo: $(STAMP)
 
 FUZZ_MINUTES ?= 20
 fuzz: $(STAMP)
+	$(PY) -m pytest -q -m long tests/test_generated_regressions.py
 	$(PY) -m pytest -q tests/test_generated.py --fuzz-minutes=$(FUZZ_MINUTES)
 
 # The second lane: the newest torch served here (2.14.1), without ExecuTorch, as a plain
@@ -43,7 +57,7 @@ $(LANE2_STAMP): pyproject.toml constraints-torch2.14.txt
 	touch $(LANE2_STAMP)
 
 test-torch2.14: $(LANE2_STAMP)
-	$(LANE2)/bin/python -m pytest -q
+	$(LANE2)/bin/python -m pytest -q $(PARALLEL) -m "not long"
 
 # The third lane: LeRobot's policies in the zoo (tests/robots.py). LeRobot needs Python 3.12: the newest
 # 3.12 pyenv has, else python3.12 on the PATH. Its own pins (torch<2.12) are not taken: --no-deps.
@@ -63,7 +77,7 @@ $(LANE3_STAMP): pyproject.toml constraints-robots.txt
 	touch $(LANE3_STAMP)
 
 test-robots: $(LANE3_STAMP)
-	$(LANE3)/bin/python -m pytest -q tests/test_zoo.py -k lerobot
+	$(LANE3)/bin/python -m pytest -q -n 2 tests/test_zoo.py -k lerobot
 
 clean:
 	rm -rf $(VENV) $(LANE2) $(LANE3) build *.egg-info

@@ -36,7 +36,7 @@ import strideguard  # noqa: E402
 from strideguard.examples import export_policy  # noqa: E402
 from strideguard.pushdown import graph_flops  # noqa: E402
 from strideguard.rewrite import pushed_down  # noqa: E402
-from strideguard.verify import compile_program  # noqa: E402
+from strideguard.verification import compile_program  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

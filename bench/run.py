@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import strideguard  # noqa: E402
 from bench.synthetic import export_blocks  # noqa: E402
 from strideguard.examples import export_policy  # noqa: E402
-from strideguard.verify import compile_program  # noqa: E402
+from strideguard.verification import compile_program  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

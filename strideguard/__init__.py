@@ -19,9 +19,10 @@ from .records import (
     Reason,
     VerifyReport,
 )
-from .verify import verify
+from .verification import EAGER_TOLERANCES, PUSHDOWN_TOLERANCE, verify
 
 __all__ = [
+    "EAGER_TOLERANCES",
     "EXECUTORCH",
     "NO_CONVERSION",
     "STRIDEGUARD",
@@ -34,6 +35,7 @@ __all__ = [
     "OutputCheck",
     "OutputKind",
     "OutputLayout",
+    "PUSHDOWN_TOLERANCE",
     "Proof",
     "Reason",
     "VerifyReport",

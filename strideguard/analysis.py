@@ -23,7 +23,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import Node
 
-from . import inductor, layout
+from . import inductor, layout, ops
 from .fake_values import call_on_fake_values, storage_key
 from .dialect import Dialect, aten_op, is_higher_order, is_view_op, op_name
 from .program import UserOutput, output_values, placeholder_roles, user_outputs
@@ -186,13 +186,14 @@ def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
 
     Outputs copied for their layout own fresh memory; of the rest, the first
     of each group sharing memory keeps it, and any sharing an input or a
-    weight is copied.
+    weight is copied. An output with no elements has no memory to share,
+    whatever its storage: it is neither copied nor does it claim a group.
     """
     kept: dict[Any, int] = {}
     result = []
     for fact in facts:
         record = fact.layout
-        if fact.copied or not record.aliases:
+        if fact.copied or not record.aliases or statically_known_true(fact.value.numel() == 0):
             result.append(fact)
             continue
         key = storage_key(fact.value)
@@ -327,7 +328,7 @@ def _compiled_layout(
             )
         strides = replayed
     producer = decomposition.producer if decomposition is not None else aten_op(op_of(base))
-    if base not in returned and op_name(producer) in _CONCATENATIONS:
+    if base not in returned and ops.in_family(producer, ops.CONCATENATIONS):
         return _Compiled(
             strides,
             undecided="a view of a concatenation, which Inductor may compute afresh or simplify to the view of "
@@ -355,14 +356,11 @@ def _compiled_layout(
     return _Compiled(strides)
 
 
-_CONCATENATIONS = frozenset({"cat", "concat", "concatenate", "stack"})
-
-
 def _concatenation_chooses_size_one_strides(base: Node, tensor: torch.Tensor, decomposition, values: Values) -> bool:
     """A ``cat`` or ``stack`` of one non-empty input becomes ``clone`` of it, and the clone's strides in
     size-one dimensions are Inductor's choice, not the graph's: undecided unless they are those of a
     contiguous tensor (found by ``make fuzz``: ``[5, 1]`` traced ``(1, 5)`` comes back ``(1, 1)``)."""
-    if op_name(base.target) not in _CONCATENATIONS:
+    if not ops.in_family(base.target, ops.CONCATENATIONS):
         return False
     if not layout.has_size_one_dim(tensor.shape):
         return False

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover
 from . import densify_outputs, inspect, prepare_for_aoti
 from .api import compile_proven
 from .proof import PROOF_KEY, Proof
-from . import verify as verify_program
+from .verification import verify as verify_program
 from .loading import (
     Interrupted,
     ProgramFileError,

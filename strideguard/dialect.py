@@ -118,17 +118,9 @@ def is_edge_op(target: Any) -> bool:
     return type(target).__name__ == "EdgeOpOverload"
 
 
-@lru_cache(maxsize=None)
-def op_key(target: Any) -> Optional[str]:
-    """``namespace::name.overload`` of the ATen op behind a target, the same for its Edge form."""
-    op = aten_op(target)
-    if not isinstance(op, torch._ops.OpOverload):
-        return None
-    return f"{op._schema.name}.{op._overloadname}"
-
-
 def op_name(target: Any) -> Optional[str]:
-    """The op's name without namespace or overload (``slice`` for ``aten::slice_copy.Tensor``'s view)."""
+    """The op's name without namespace or overload, for messages (``slice_copy`` for ``aten.slice_copy.Tensor``);
+    decisions ask ``strideguard.ops``."""
     op = aten_op(target)
     schema = getattr(op, "_schema", None)
     return schema.name.split("::")[-1] if schema is not None else None
@@ -155,7 +147,7 @@ def view_twin(target: Any) -> Optional[Any]:
     op = aten_op(target)
     if not isinstance(op, torch._ops.OpOverload):
         return None
-    base, overload = op_name(op), op._overloadname
+    base, overload = op.overloadpacket.__name__, op._overloadname
     if not base.endswith("_copy") or op.namespace != "aten":
         return None
     view_name = base[: -len("_copy")]

@@ -34,17 +34,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
+from . import ops
+
 aten = torch.ops.aten
 
-_KERNEL_OUTPUT_OPS = frozenset(
-    {
-        aten.mm.default,
-        aten.addmm.default,
-        aten.bmm.default,
-        aten.baddbmm.default,
-        aten._int_mm.default,
-    }
-)
+# The default overloads only: the others (``mm.dtype``) are asked of Inductor's lowerings, as any op.
+_KERNEL_OUTPUT_OPS = frozenset(packet.default for packet in ops.GEMM_KERNELS)
 """Ops Inductor lowers to an extern kernel or GEMM template writing a fixed, traced layout. Not
 convolution: Inductor picks its output's layout itself (channels-last for a channels-last input), so
 a view of it is laid out by Inductor's choice (found by ``make fuzz``)."""
@@ -186,8 +181,9 @@ def concat_may_go_channels_last(inputs: list[torch.Tensor]) -> bool:
 def lowers_to_kernel_output(op: Any) -> bool:
     """Whether Inductor writes ``op``'s result into a buffer laid out as traced, never fused away.
 
-    True for GEMM and convolution kernels and for ops Inductor runs as a
-    fallback (an ATen kernel called from the compiled code).
+    True for GEMM kernels and for ops Inductor runs as a fallback (an ATen
+    kernel called from the compiled code). False for convolution: Inductor
+    picks its output's layout itself (channels-last for a channels-last input).
     """
     from torch._inductor import lowering
 

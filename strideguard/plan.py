@@ -31,8 +31,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch.fx import Node
 
-from . import inductor, layout
-from .dialect import aten_op, is_higher_order, is_view_op, op_key, promised_dim_order, view_twin
+from . import inductor, layout, ops
+from .dialect import aten_op, is_higher_order, is_view_op, promised_dim_order, view_twin
 from .fake_values import call_on_fake_values, storage_key
 from .program import output_values
 from .replay import Geometry, Layout, Replay, view_geometry
@@ -45,17 +45,17 @@ class ConversionPolicy:
     name: str
     backend: bool
     """The AOTI backend's own view pass runs in ``preprocess``: its conversions happen whatever else."""
-    extra: Optional[frozenset[str]]
-    """Op keys strideguard converts besides; ``None`` for every ``*_copy`` op with a view twin."""
+    extra: Optional[frozenset[torch._ops.OpOverload]]
+    """ATen ops strideguard converts besides; ``None`` for every ``*_copy`` op with a view twin."""
     careful: bool
     """Refuse layout-dependent users and returned copies that gain nothing, for the extra conversions."""
 
     def admits(self, target: Any) -> bool:
-        key = op_key(target)
-        if key is None:
+        op = aten_op(target)
+        if not isinstance(op, torch._ops.OpOverload):
             return False
         if self.extra is not None:
-            return key in self.extra
+            return op in self.extra
         return view_twin(target) is not None
 
 
@@ -184,13 +184,10 @@ def _channels_last_input(node: Node) -> bool:
     return inductor.concat_may_go_channels_last([value]) and not exactly_contiguous
 
 
-_RELAYING_DECOMPOSITIONS = frozenset({"aten::cat", "aten::stack", "aten::concat", "aten::concatenate"})
-"""Ops whose Inductor decomposition may lay their result out like one input (one non-empty input: a clone)."""
-
-
 def _decomposition_relays(node: Node, op: Any) -> bool:
-    """Whether Inductor's decomposition gives ``node`` other strides than its metadata says."""
-    if node.op != "call_function" or op_key(op) is None or op_key(op).split(".")[0] not in _RELAYING_DECOMPOSITIONS:
+    """Whether Inductor's decomposition gives ``node`` other strides than its metadata says: a concatenation
+    may be laid out like one input (one non-empty input: a clone)."""
+    if node.op != "call_function" or not ops.in_family(op, ops.CONCATENATIONS):
         return False
     original = node.meta.get("val")
     if not isinstance(original, torch.Tensor):
@@ -221,13 +218,13 @@ def _relaid(geometry: Layout, node: Node) -> bool:
     )
 
 
-_OWN_LAYOUT_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul"})
-_LAYOUT_ARGUMENTS = {
-    "dim_order_ops::_clone_dim_order": "dim_order",
-    "dim_order_ops::_to_dim_order_copy": "dim_order",
-    "aten::clone": "memory_format",
-    "aten::_to_copy": "memory_format",
-}
+def _layout_argument(op: torch._ops.OpOverload) -> Optional[str]:
+    """The argument telling a copy its result's layout; ``None`` for an op that is not such a copy."""
+    if op.overloadpacket in ops.MEMORY_FORMAT_COPIES:
+        return "memory_format"
+    if op.overloadpacket in ops.dim_order_copies():
+        return "dim_order"
+    return None
 
 
 def _lays_out_its_own_result(node: Node, target: Any) -> bool:
@@ -238,9 +235,9 @@ def _lays_out_its_own_result(node: Node, target: Any) -> bool:
     op = aten_op(target)
     if not isinstance(op, torch._ops.OpOverload):
         return False
-    if op._schema.name in _OWN_LAYOUT_OPS:
+    if op.overloadpacket in ops.GEMMS:
         return True
-    argument = _LAYOUT_ARGUMENTS.get(op._schema.name)
+    argument = _layout_argument(op)
     if argument is None:
         return False
     value = node.kwargs.get(argument)
@@ -372,19 +369,12 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
     return restrided and any(_picks_its_algorithm_by_layout(conversion.op_of(u)) for u in computing)
 
 
-_LAYOUT_PICKS_ALGORITHM = frozenset({
-    "aten::convolution", "aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d",
-    "aten::conv_transpose1d", "aten::conv_transpose2d", "aten::conv_transpose3d",
-})
-
-
 def _picks_its_algorithm_by_layout(op: Any) -> bool:
     """Kernels that choose their algorithm by their input's strides, so that a strided view of the same
     elements may round differently from the dense copy (found by ``make fuzz``: a convolution of a slice
     of a channels-last input differs from that of its ``slice_copy`` by one float32 ulp). GEMMs take a view
     with gaps as it is (a leading dimension), bitwise as its copy: checked by every generated program."""
-    op = aten_op(op)
-    return isinstance(op, torch._ops.OpOverload) and op._schema.name in _LAYOUT_PICKS_ALGORITHM
+    return ops.in_family(op, ops.CONVOLUTIONS)
 
 
 def _conversion_pays(node: Node, candidate: Layout, pieces: list[Node], taken: set) -> bool:

@@ -35,7 +35,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.fx import Node
 
-from .dialect import aten_op, op_key, op_name
+from . import ops
+from .dialect import aten_op, op_name
 
 aten = torch.ops.aten
 
@@ -140,14 +141,13 @@ def _tensor(node: Any) -> Optional[torch.Tensor]:
 # Returned cuts
 
 
-_SLICES = {"aten::slice.Tensor", "aten::slice_copy.Tensor"}
-_SELECTS = {"aten::select.int", "aten::select_copy.int"}
-_NARROWS = {"aten::narrow", "aten::narrow_copy", "aten::narrow.default", "aten::narrow_copy.default"}
-_SPLITS = {
-    "aten::split.Tensor", "aten::split_copy.Tensor", "aten::split_with_sizes.default",
-    "aten::split_with_sizes_copy.default", "aten::chunk.default",
-}
-_UNBINDS = {"aten::unbind.int", "aten::unbind_copy.int"}
+def _functional_packet(target: Any) -> Optional[torch._ops.OpOverloadPacket]:
+    """The op behind ``target`` when it returns its result; ``None`` for an ``out=`` overload, which writes
+    into an argument, and for a target that is not an op."""
+    op = aten_op(target)
+    if not isinstance(op, torch._ops.OpOverload) or op._schema.is_mutable:
+        return None
+    return op.overloadpacket
 
 
 def returned_cut(node: Any) -> Optional[ReturnedCut]:
@@ -156,13 +156,13 @@ def returned_cut(node: Any) -> Optional[ReturnedCut]:
         return None
     if node.target is operator.getitem:
         return _piece(node)
-    key = op_key(node.target)
+    packet = _functional_packet(node.target)
     source = node.args[0] if node.args else None
     value = _tensor(source)
-    if value is None or key is None:
+    if value is None or packet is None:
         return None
     arguments = _arguments(node)
-    if key in _SLICES:
+    if packet in ops.SLICES:
         dim = _dim(arguments.get("dim", 0), value.dim())
         bounds = _slice_bounds(arguments, _size(value, dim))
         if bounds is None:
@@ -170,14 +170,14 @@ def returned_cut(node: Any) -> Optional[ReturnedCut]:
         start, end, step = bounds
         return ReturnedCut(node, source, Narrowing(dim, start, max(start, end), step), False,
                            f"slice(dim={arguments.get('dim', 0)}, {_range(arguments)})")
-    if key in _SELECTS or key in _NARROWS:
+    if packet in ops.SELECTS or packet in ops.NARROWS:
         dim = _dim(arguments["dim"], value.dim())
         size = _size(value, dim)
         index = arguments.get("index", arguments.get("start"))
         if size is None or not isinstance(index, int):
             return None
         index = index + size if index < 0 else index
-        if key in _SELECTS:
+        if packet in ops.SELECTS:
             return ReturnedCut(node, source, Narrowing(dim, index, index + 1), True,
                                f"select(dim={arguments['dim']}, {arguments['index']})")
         length = arguments.get("length")
@@ -193,9 +193,9 @@ def _piece(node: Node) -> Optional[ReturnedCut]:
     parent, index = node.args
     if not isinstance(parent, Node) or parent.op != "call_function" or not isinstance(index, int):
         return None
-    key = op_key(parent.target)
+    packet = _functional_packet(parent.target)
     unread = [user for user in parent.users if user is not node]
-    if key not in _SPLITS and key not in _UNBINDS or any(user.users for user in unread):
+    if packet not in ops.SPLITS and packet not in ops.UNBINDS or any(user.users for user in unread):
         return None
     source = parent.args[0]
     value, pieces = _tensor(source), _value(parent)
@@ -205,7 +205,7 @@ def _piece(node: Node) -> Optional[ReturnedCut]:
     dim = _dim(arguments.get("dim", 0), value.dim())
     if _size(value, dim) is None:
         return None
-    if key in _UNBINDS:
+    if packet in ops.UNBINDS:
         return ReturnedCut(node, source, Narrowing(dim, index, index + 1), True,
                            f"unbind(dim={arguments.get('dim', 0)})[{index}]", consumes=(parent, *unread))
     sizes = [piece.shape[dim] for piece in pieces]
@@ -416,11 +416,10 @@ def _view(node: Node, narrowing: Narrowing) -> Inputs:
 def _permute(node: Node, narrowing: Narrowing) -> Inputs:
     x = node.args[0]
     ndim = _tensor(x).dim()
-    key = op_key(node.target)
-    if key in ("aten::permute.default", "aten::permute_copy.default"):
+    if ops.in_family(node.target, ops.PERMUTES):
         order = [_dim(d, ndim) for d in node.args[1]]
         return [(x, narrowing.on(order[narrowing.dim]))]
-    if key in ("aten::t.default", "aten::t_copy.default"):
+    if ops.in_family(node.target, ops.MATRIX_TRANSPOSES):
         first, second = 0, ndim - 1
     else:
         first, second = (_dim(d, ndim) for d in node.args[1:3])
@@ -492,65 +491,59 @@ def _cat(node: Node, narrowing: Narrowing) -> Inputs:
 def _first_output(node: Node, narrowing: Narrowing) -> Inputs:
     """``getitem(native_layer_norm(...), 0)``: the normalized value of a normalization nobody else reads."""
     parent, index = node.args
-    if index != 0 or not isinstance(parent, Node) or op_key(parent.target) not in _TUPLE_RULES:
+    if index != 0 or not isinstance(parent, Node) or aten_op(parent.target) not in _TUPLE_RULES:
         return None
     return [(parent, narrowing)]
 
 
-_TYPE_CONVERSIONS = {
-    "aten::_to_copy.default", "aten::to.dtype", "aten::to.dtype_layout", "aten::to.device", "aten::clone.default",
-    "aten::alias.default", "aten::alias_copy.default", "aten::detach.default", "aten::detach_copy.default",
-    "aten::type_as.default", "dim_order_ops::_to_dim_order_copy.default", "dim_order_ops::_clone_dim_order.default",
-    "aten::contiguous.default",
+_SAME_ELEMENTS = frozenset({
+    aten.to.dtype, aten.to.dtype_layout, aten.to.device, aten.type_as.default, aten.contiguous.default,
+    *(packet.default for packet in ops.MEMORY_FORMAT_COPIES | ops.ALIASES),
+})
+"""Ops whose result holds their input's elements, converted or as they are: a piece of the result is the op
+applied to that piece (ExecuTorch's dim-order copies too, in ``rule_for``)."""
+
+Rule = Callable[[Node, Narrowing], Inputs]
+
+# By overload: another overload of the same op may read other arguments (``view.dtype``, ``to.other``,
+# ``mean.default``) or give another dtype (``mm.dtype``).
+_RULES: dict[torch._ops.OpOverload, Rule] = {
+    aten.linear.default: _linear,
+    aten.addmm.default: _addmm,
+    aten.mm.default: _mm,
+    aten.bmm.default: _bmm,
+    aten.matmul.default: _matmul,
+    aten.layer_norm.default: _normalization,
+    aten.rms_norm.default: _normalization,
+    aten.softmax.int: _softmax,
+    aten._softmax.default: _softmax,
+    aten.log_softmax.int: _softmax,
+    aten._log_softmax.default: _softmax,
+    aten.sum.dim_IntList: _reduction,
+    aten.mean.dim: _reduction,
+    aten.amax.default: _reduction,
+    aten.amin.default: _reduction,
+    aten.embedding.default: _embedding,
+    **{packet.default: _view for packet in ops.RESHAPES},
+    **{packet.default: _permute for packet in ops.PERMUTES | ops.MATRIX_TRANSPOSES},
+    **{packet.int: _permute for packet in ops.TRANSPOSES},
+    **{packet.default: _unsqueeze for packet in ops.UNSQUEEZES},
+    aten.cat.default: _cat,
+    aten.dropout.default: _dropout,
+    **{packet.Tensor: _slice for packet in ops.SLICES},
+    **{packet.int: _select for packet in ops.SELECTS},
+    **dict.fromkeys(_SAME_ELEMENTS, _pointwise),
 }
 
-_RULES: dict[str, Callable[[Node, Narrowing], Inputs]] = {
-    "aten::linear.default": _linear,
-    "aten::addmm.default": _addmm,
-    "aten::mm.default": _mm,
-    "aten::bmm.default": _bmm,
-    "aten::matmul.default": _matmul,
-    "aten::layer_norm.default": _normalization,
-    "aten::rms_norm.default": _normalization,
-    "aten::softmax.int": _softmax,
-    "aten::_softmax.default": _softmax,
-    "aten::log_softmax.int": _softmax,
-    "aten::_log_softmax.default": _softmax,
-    "aten::sum.dim_IntList": _reduction,
-    "aten::mean.dim": _reduction,
-    "aten::amax.default": _reduction,
-    "aten::amin.default": _reduction,
-    "aten::embedding.default": _embedding,
-    "aten::view.default": _view,
-    "aten::view_copy.default": _view,
-    "aten::reshape.default": _view,
-    "aten::_unsafe_view.default": _view,
-    "aten::permute.default": _permute,
-    "aten::permute_copy.default": _permute,
-    "aten::transpose.int": _permute,
-    "aten::transpose_copy.int": _permute,
-    "aten::t.default": _permute,
-    "aten::t_copy.default": _permute,
-    "aten::unsqueeze.default": _unsqueeze,
-    "aten::unsqueeze_copy.default": _unsqueeze,
-    "aten::cat.default": _cat,
-    "aten::dropout.default": _dropout,
-    "aten::slice.Tensor": _slice,
-    "aten::slice_copy.Tensor": _slice,
-    "aten::select.int": _select,
-    "aten::select_copy.int": _select,
-    **{key: _pointwise for key in _TYPE_CONVERSIONS},
-}
-
-_TUPLE_RULES: dict[str, Callable[[Node, Narrowing], Inputs]] = {
-    "aten::native_layer_norm.default": _normalization,
+_TUPLE_RULES: dict[torch._ops.OpOverload, Rule] = {
+    aten.native_layer_norm.default: _normalization,
 }
 """Ops returning a tuple, pushed through when only their first output is read."""
 
 CAT_PASSES_THROUGH = "cat"
 
 
-def rule_for(node: Node) -> Optional[Callable[[Node, Narrowing], Inputs]]:
+def rule_for(node: Node) -> Optional[Rule]:
     """How ``node``'s op commutes with a narrowing, or ``None`` when it is not known to."""
     if node.op != "call_function":
         return None
@@ -559,11 +552,11 @@ def rule_for(node: Node) -> Optional[Callable[[Node, Narrowing], Inputs]]:
     op = aten_op(node.target)
     if not isinstance(op, torch._ops.OpOverload) or op._schema.is_mutable:
         return None
-    key = op_key(op)
-    if key in _RULES:
-        return _RULES[key]
-    if key in _TUPLE_RULES:
-        return _TUPLE_RULES[key]
+    rule = _RULES.get(op) or _TUPLE_RULES.get(op)
+    if rule is not None:
+        return rule
+    if op.overloadpacket in ops.dim_order_copies():
+        return _pointwise
     if torch.Tag.pointwise in op.tags and torch.Tag.nondeterministic_seeded not in op.tags:
         return _pointwise
     return None
@@ -571,7 +564,7 @@ def rule_for(node: Node) -> Optional[Callable[[Node, Narrowing], Inputs]]:
 
 def passes_through(node: Node, narrowing: Narrowing) -> bool:
     """A ``cat`` along the narrowed dimension is replaced by the one input holding the piece."""
-    if op_key(node.target) != "aten::cat.default":
+    if aten_op(node.target) is not aten.cat.default:
         return False
     dim = _dim(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0), _tensor(node).dim())
     return dim == narrowing.dim
@@ -604,7 +597,7 @@ def plan_pushdown(position: int, cut: ReturnedCut, order: dict[Node, int]) -> Op
         if narrowing is FULL or not users_in_region or any(n != narrowing for _, n in wants):
             continue
         rule = rule_for(node)
-        if rule is None or _tensor(node) is None and op_key(node.target) not in _TUPLE_RULES:
+        if rule is None or _tensor(node) is None and aten_op(node.target) not in _TUPLE_RULES:
             continue
         if _tensor(node) is not None and _size(_tensor(node), narrowing.dim) is None:
             continue
@@ -642,7 +635,7 @@ def plan_pushdown(position: int, cut: ReturnedCut, order: dict[Node, int]) -> Op
 def checks_only_its_type(node: Node) -> bool:
     """``_assert_tensor_metadata`` of a dtype or device (export writes one for ``.to``): it holds for the
     piece as for the whole, and moves with it."""
-    if op_key(node.target) != "aten::_assert_tensor_metadata.default":
+    if aten_op(node.target) is not aten._assert_tensor_metadata.default:
         return False
     arguments = _arguments(node)
     return arguments.get("size") is None and arguments.get("stride") is None
@@ -692,8 +685,8 @@ def was_pushed_down(graph: torch.fx.Graph) -> bool:
 # Cost
 
 
-_GEMMS = {"aten::mm.default", "aten::addmm.default", "aten::bmm.default", "aten::baddbmm.default",
-          "aten::matmul.default", "aten::linear.default"}
+_COUNTED_AS_GEMMS = frozenset(packet.default for packet in ops.GEMMS)
+_BIAS_FIRST = frozenset({aten.addmm.default, aten.baddbmm.default})
 
 
 def flops(node: Node, shape: Optional[Sequence[int]] = None) -> Optional[int]:
@@ -708,9 +701,9 @@ def flops(node: Node, shape: Optional[Sequence[int]] = None) -> Optional[int]:
     elements = _int(math.prod(shape)) if shape else 1
     if elements is None:
         return None
-    key = op_key(node.target)
-    if key in _GEMMS:
-        first = _tensor(node.args[1] if key in ("aten::addmm.default", "aten::baddbmm.default") else node.args[0])
+    op = aten_op(node.target)
+    if op in _COUNTED_AS_GEMMS:
+        first = _tensor(node.args[1] if op in _BIAS_FIRST else node.args[0])
         contracted = _int(first.shape[-1]) if first is not None and first.dim() else None
         return None if contracted is None else 2 * elements * contracted
     return elements

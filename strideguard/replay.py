@@ -29,6 +29,8 @@ from torch.fx import Node
 from .dialect import aten_op, is_view_op
 from .fake_values import call_on_fake_values, storage_key
 
+aten = torch.ops.aten
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -152,7 +154,7 @@ def view_geometry(op: Any, base: Geometry, args: tuple, kwargs: dict) -> Layout:
     cannot tell (an op it does not know, a shape it cannot resolve), and the caller dispatches instead."""
     if not isinstance(op, torch._ops.OpOverload) or kwargs or any(isinstance(a, Node) for a in args):
         return None
-    rule = _RULES.get(op._schema.name.removeprefix("aten::"))
+    rule = _RULES.get(op.overloadpacket)
     if rule is None:
         return None
     try:
@@ -357,23 +359,23 @@ def _alias(base: Geometry) -> Geometry:
     return base
 
 
-_RULES: dict[str, Callable[..., Layout]] = {
-    "slice": _slice,
-    "select": _select,
-    "narrow": _narrow,
-    "permute": _permute,
-    "transpose": _transpose,
-    "t": _t,
-    "expand": _expand,
-    "unsqueeze": _unsqueeze,
-    "squeeze": _squeeze,
-    "split": _split,
-    "split_with_sizes": _split_with_sizes,
-    "unbind": _unbind,
-    "diagonal": _diagonal,
-    "as_strided": _as_strided,
-    "view": _view,
-    "_unsafe_view": _view,
-    "alias": _alias,
-    "detach": _alias,
+_RULES: dict[torch._ops.OpOverloadPacket, Callable[..., Layout]] = {
+    aten.slice: _slice,
+    aten.select: _select,
+    aten.narrow: _narrow,
+    aten.permute: _permute,
+    aten.transpose: _transpose,
+    aten.t: _t,
+    aten.expand: _expand,
+    aten.unsqueeze: _unsqueeze,
+    aten.squeeze: _squeeze,
+    aten.split: _split,
+    aten.split_with_sizes: _split_with_sizes,
+    aten.unbind: _unbind,
+    aten.diagonal: _diagonal,
+    aten.as_strided: _as_strided,
+    aten.view: _view,
+    aten._unsafe_view: _view,
+    aten.alias: _alias,
+    aten.detach: _alias,
 }

@@ -1,4 +1,12 @@
-"""Shared, session-scoped compiled programs: each AOTInductor compile happens once per run."""
+"""Shared, session-scoped compiled programs (each AOTInductor compile happens once per run), and the test tiers.
+
+Tiers are markers: ``compiles`` (builds a program with AOTInductor),
+``lowers`` (runs Inductor's lowering, ``strideguard.lowering``, without
+building) and ``long`` (replays whole fuzz batches; ``make test-long``).
+``make check`` runs what is in none of them. A test that compiles or lowers
+in this process, its fixtures included, without its tier's marker fails
+(``tiers.watch``), so that ``make check`` stays fast by construction.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +20,9 @@ import pytest
 import torch
 
 import strideguard
-from strideguard.verify import compile_program
+from strideguard.verification import compile_program
 
-from . import programs
+from . import programs, tiers
 
 HAS_EXECUTORCH = importlib.util.find_spec("executorch") is not None
 needs_executorch = pytest.mark.skipif(not HAS_EXECUTORCH, reason="needs ExecuTorch: pip install '.[executorch]'")
@@ -45,6 +53,7 @@ def zoo():
 
 
 @pytest.fixture(scope="session")
+@tiers.needs("compiles")
 def zoo_compiled(zoo, compile_dir):
     return _compile(zoo, compile_dir, "zoo")
 
@@ -55,11 +64,13 @@ def zoo_fixed(zoo):
 
 
 @pytest.fixture(scope="session")
+@tiers.needs("compiles")
 def zoo_fixed_compiled(zoo_fixed, compile_dir):
     return _compile(zoo_fixed, compile_dir, "zoo-fixed")
 
 
 @pytest.fixture(scope="session")
+@tiers.needs("compiles")
 def zoo_unaliased_compiled(zoo, compile_dir):
     return _compile(strideguard.densify_outputs(zoo, break_aliases=True), compile_dir, "zoo-unaliased")
 
@@ -81,3 +92,23 @@ def pytest_addoption(parser):
         default=0.0,
         help="run tests/test_generated.py for this many minutes of random programs (0: the bounded, repeatable CI run)",
     )
+
+
+def pytest_configure(config):
+    tiers.watch()
+
+
+def pytest_collection_modifyitems(config, items):
+    tiers.mark_by_fixtures(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    tiers.begin()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    tiers.require_marks(item)
+    return result

@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -46,7 +47,7 @@ from strideguard.plan import STRIDEGUARD
 from strideguard.passes.insert_output_copies import copied_source
 from strideguard.program import copy_form_of
 from strideguard.dialect import is_involution
-from strideguard.verify import PUSHDOWN_TOLERANCE, compile_program
+from strideguard.verification import PUSHDOWN_TOLERANCE, compile_program
 
 from .conftest import HAS_EXECUTORCH
 
@@ -1291,6 +1292,20 @@ def _export_and_lower(specs: Sequence[ProgramSpec]) -> ExportedProgram:
     return program
 
 
+def unread_computations(graph: torch.fx.Graph) -> list[str]:
+    """What the computing nodes whose results reach no output compute, as ``target(shape)`` (type checks,
+    which compute nothing, aside): a rewrite must not add any."""
+    reaching, pending = set(), list(graph.find_nodes(op="output"))
+    while pending:
+        node = pending.pop()
+        if node not in reaching:
+            reaching.add(node)
+            pending += node.all_input_nodes
+    return sorted(f"{n.target}{tuple(n.meta['val'].shape) if isinstance(n.meta.get('val'), torch.Tensor) else ''}"
+                  for n in graph.nodes
+                  if n.op == "call_function" and n not in reaching and n.target is not torch.ops.aten._assert_tensor_metadata.default)
+
+
 def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> Sample:
     from strideguard.pushdown import graph_flops
     from strideguard.rewrite import pushed_down
@@ -1324,6 +1339,9 @@ def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> S
         before_snapshot = snapshot(original)
         fixed = fix(original)
         check_is_sound_rewrite(original, fixed, before_snapshot)
+        left = Counter(unread_computations(fixed.graph)) - Counter(unread_computations(original.graph))
+        if left:
+            problems += [(part, f"{name}: pushdown left nodes that feed nothing: {sorted(left)}") for part in range(len(specs))]
         for inputs in sets if name == "ATen" or keeps_dynamic_batch(original) else sets[:1]:
             for index, (want, got) in enumerate(zip(run(original, inputs), run(fixed, inputs))):
                 if isinstance(want, torch.Tensor):
@@ -1409,21 +1427,22 @@ def format_record(record: dict[str, Any]) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def replay(record: dict[str, Any], directory: str) -> None:
-    """Run the check that found a kept failure; raises while the failure is there."""
+def replay(record: dict[str, Any], directory: str, *, in_batch: bool = False) -> None:
+    """Run the check that found a kept failure, on its program alone or, ``in_batch``, in the batch it
+    failed in as the fuzz ran it; raises while the failure is there."""
     spec = ProgramSpec.from_json(record["spec"])
     oracle = oracle_of(record)
+    check = check_pushdown if oracle == "pushdown" else check_batch
     if oracle == "compiled":
         result = check_compiled_sample([spec], directory)
+    elif in_batch:
+        # Parts Inductor cannot lower untouched are set aside, as in the fuzz.
+        result = check([ProgramSpec.from_json(member) for member in record["batch"]])
     else:
         if oracle != "pushdown":
             check_program(spec)
-        check = check_pushdown if oracle == "pushdown" else check_batch
         result = check([spec])
         if oracle != "eager":
             # An eager finding may be a program Inductor itself cannot lower untouched: set aside, as in the fuzz.
             assert not result.refused, result.refused
-        if not result.problems and record.get("batch"):
-            # The batch it failed in, as the fuzz ran it: parts Inductor cannot lower untouched are set aside.
-            result = check([ProgramSpec.from_json(member) for member in record["batch"]])
     assert not result.problems, "\n".join(text for _, text in result.problems)

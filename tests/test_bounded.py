@@ -24,14 +24,13 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 import strideguard
 
-from . import costly, hostile
+from . import costly, hostile, tiers
 
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 BUDGET_SECONDS = 30.0
@@ -74,6 +73,7 @@ for name, arguments, folder in json.loads(sys.argv[1]):
 
 
 @pytest.fixture(scope="module")
+@tiers.needs("compiles", "lowers", "commands")
 def measured(tmp_path_factory) -> dict:
     """Every verb on every costly file, run once: (exit code, seconds, peak bytes, imported bytes, stdout, stderr,
     the output folder's files, the temporary folder's strideguard entries before and after)."""
@@ -90,12 +90,15 @@ def measured(tmp_path_factory) -> dict:
             work.mkdir()
             arguments = [part.format(file=path, out=work / "out") for part in template]
             plan.append((name, arguments, str(work)))
-    before = _our_temporaries()
+    # A temporary folder of the runs' own: what other tests (or workers) create meanwhile is not theirs.
+    temporary = folder / "tmp"
+    temporary.mkdir()
+    before = _our_temporaries(temporary)
     completed = subprocess.run(
-        [sys.executable, "-c", RUNNER, json.dumps(plan)],
+        [sys.executable, "-c", RUNNER, json.dumps(plan)], env={**os.environ, "TMPDIR": str(temporary)},
         cwd=REPOSITORY, capture_output=True, text=True, timeout=len(plan) * (BUDGET_SECONDS + VERIFY_TIMEOUT),
     )
-    after = _our_temporaries()
+    after = _our_temporaries(temporary)
     for line in completed.stdout.splitlines():
         name, code, seconds, peak, imported = json.loads(line)
         work = folder / name
@@ -107,8 +110,8 @@ def measured(tmp_path_factory) -> dict:
     return {"runs": runs, "temporaries_left": sorted(after - before)}
 
 
-def _our_temporaries() -> set[str]:
-    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("strideguard")}
+def _our_temporaries(folder: pathlib.Path) -> set[str]:
+    return {name for name in os.listdir(folder) if name.startswith("strideguard")}
 
 
 REFUSED = [
@@ -179,6 +182,7 @@ def test_outputs_sharing_one_memory_cost_linear_time_and_report_size():
     assert time_ratio < 8, sizes
 
 
+@pytest.mark.commands
 def test_the_librarys_verify_runs_within_its_limits():
     """``verify(timeout=..., memory=...)`` stops its child at either limit, with one line saying which;
     limits that are not positive numbers are refused before anything runs."""

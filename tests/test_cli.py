@@ -108,6 +108,7 @@ def programs(tmp_path_factory) -> pathlib.Path:
     return folder
 
 
+@pytest.mark.commands
 def test_inspect_shows_the_strided_output_and_exits_1(programs):
     result = strideguard("inspect", programs / "policy.pt2")
     assert result.returncode == 1, result.stderr
@@ -116,6 +117,7 @@ def test_inspect_shows_the_strided_output_and_exits_1(programs):
     assert "1 of 1 user outputs would not come back dense" in result.stdout
 
 
+@pytest.mark.commands
 def test_inspect_json_and_plot(programs, tmp_path):
     picture = tmp_path / "layout"  # written under exactly this name, no extension added
     result = strideguard("inspect", programs / "policy.pt2", "--json", "--plot", picture)
@@ -132,6 +134,8 @@ def test_inspect_json_and_plot(programs, tmp_path):
     assert [path.name for path in tmp_path.iterdir()] == ["layout"]
 
 
+@pytest.mark.lowers
+@pytest.mark.commands
 def test_inspect_exact_asks_inductor_what_the_graph_leaves_open(programs):
     """``(x * 2)[:, :3]``: from the graph alone, Inductor may fuse the slice into the product and write it
     afresh, so the fast report leaves it undecided; ``--exact`` runs the lowering and decides it."""
@@ -145,6 +149,7 @@ def test_inspect_exact_asks_inductor_what_the_graph_leaves_open(programs):
     assert decided["reason"] == "strided" and "Inductor's lowering returns strides [8, 1]" in decided["explanation"]
 
 
+@pytest.mark.commands
 def test_plot_never_replaces_the_input(programs, tmp_path):
     source = tmp_path / "weights.png"
     source.write_bytes((programs / "policy.pt2").read_bytes())
@@ -155,6 +160,7 @@ def test_plot_never_replaces_the_input(programs, tmp_path):
     assert digest(source) == before
 
 
+@pytest.mark.commands
 def test_fix_writes_a_program_that_inspects_ok_and_leaves_the_input_alone(programs, tmp_path):
     source = programs / "policy.pt2"
     before = digest(source)
@@ -170,6 +176,7 @@ def test_fix_writes_a_program_that_inspects_ok_and_leaves_the_input_alone(progra
     assert report["outputs"][0]["strides"] == [112, 14, 1]
 
 
+@pytest.mark.commands
 def test_fix_refuses_an_existing_output_without_force(programs, tmp_path):
     output = tmp_path / "taken.pt2"
     output.write_bytes(b"someone's file")
@@ -183,6 +190,7 @@ def test_fix_refuses_an_existing_output_without_force(programs, tmp_path):
     assert output.read_bytes().startswith(b"PK")
 
 
+@pytest.mark.commands
 def test_fix_never_overwrites_its_input(programs, tmp_path):
     source = tmp_path / "policy.pt2"
     source.write_bytes((programs / "policy.pt2").read_bytes())
@@ -193,6 +201,7 @@ def test_fix_never_overwrites_its_input(programs, tmp_path):
     assert digest(source) == before
 
 
+@pytest.mark.commands
 def test_fix_for_executorch_breaking_aliases(programs, tmp_path):
     fixed = tmp_path / "fixed.pt2"
     result = strideguard("fix", programs / "aliasing.pt2", "-o", fixed, "--for", "executorch", "--break-aliases")
@@ -202,6 +211,7 @@ def test_fix_for_executorch_breaking_aliases(programs, tmp_path):
     assert all(output["aliases"] == [] for output in report["outputs"])
 
 
+@pytest.mark.commands
 def test_loading_restores_what_views_alias(programs):
     """A saved program loses which tensors share memory; the loader gives it back."""
     report = json.loads(strideguard("inspect", programs / "aliasing.pt2", "--json").stdout)
@@ -252,6 +262,7 @@ def make_newer_archive(programs, folder):
     ],
     ids=["missing", "directory", "not-a-zip", "other-zip", "newer-schema", "newer-archive", "custom-op"],
 )
+@pytest.mark.commands
 def test_bad_input_is_one_line_and_exit_2(programs, tmp_path, make, says):
     path = make(programs, tmp_path)
     result = strideguard("inspect", path)
@@ -274,6 +285,7 @@ def test_bad_input_is_one_line_and_exit_2(programs, tmp_path, make, says):
     ],
     ids=["fix-without-output", "unknown-target", "output-folder", "inspect-without-file", "unknown-command"],
 )
+@pytest.mark.commands
 def test_usage_errors_are_one_line_and_exit_2(programs, tmp_path, arguments, says):
     result = strideguard(*(a.format(policy=programs / "policy.pt2") for a in arguments), cwd=tmp_path)
     assert result.returncode == 2
@@ -282,6 +294,7 @@ def test_usage_errors_are_one_line_and_exit_2(programs, tmp_path, arguments, say
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.commands
 def test_errors_with_json_are_also_json_on_stdout(tmp_path):
     result = strideguard("inspect", "--json", cwd=tmp_path)
     assert result.returncode == 2
@@ -289,7 +302,9 @@ def test_errors_with_json_are_also_json_on_stdout(tmp_path):
     assert json.loads(result.stdout) == {"ok": False, "error": line.removeprefix("strideguard: error: ")}
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
+@pytest.mark.lowers
+@pytest.mark.commands
 def test_verify_proves_the_fixed_program(programs, tmp_path):
     fixed = tmp_path / "fixed.pt2"
     assert strideguard("fix", programs / "policy.pt2", "-o", fixed).returncode == 0
@@ -304,7 +319,9 @@ def test_verify_proves_the_fixed_program(programs, tmp_path):
     assert measured["contiguous"] is True and measured["match"] is True
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
+@pytest.mark.lowers
+@pytest.mark.commands
 def test_fix_pushdown_then_verify_against_the_original(programs, tmp_path):
     source = programs / "decode.pt2"
     inspected = json.loads(strideguard("inspect", source, "--json").stdout)
@@ -322,6 +339,8 @@ def test_fix_pushdown_then_verify_against_the_original(programs, tmp_path):
     assert 0 <= measured["reference_error"] <= 1e-4
 
 
+@pytest.mark.lowers
+@pytest.mark.commands
 def test_fix_exact_says_how_the_fixed_program_was_proven(programs, tmp_path):
     fixed = tmp_path / "fixed.pt2"
     result = strideguard("fix", programs / "policy.pt2", "-o", fixed, "--exact")
@@ -332,7 +351,8 @@ def test_fix_exact_says_how_the_fixed_program_was_proven(programs, tmp_path):
     assert report["outputs"][0]["strides"] == [112, 14, 1]
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
+@pytest.mark.commands
 def test_compile_writes_a_package_whose_outputs_come_back_dense(programs, tmp_path):
     source = programs / "policy.pt2"
     before = digest(source)

@@ -28,7 +28,7 @@ from strideguard.passes.insert_output_copies import copied_source
 from strideguard.program import output_copies
 from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, lower_and_run
 
-from . import programs
+from . import programs, tiers
 
 ATTENTION_INPUT = (torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(1)),)
 NAMES = ["slice", "select_middle", "select_first", "split_chunk", "attention", "scores", "detach"]
@@ -53,6 +53,7 @@ def eager(program):
 
 
 @pytest.fixture(scope="session")
+@tiers.needs("compiles")
 def without_strideguard(tmp_path_factory):
     record = RecordProgram()
     program = programs.export_attention_head(with_detach=False)
@@ -61,6 +62,7 @@ def without_strideguard(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+@tiers.needs("compiles")
 def with_dense_outputs_pass(tmp_path_factory):
     record = RecordProgram()
     program = programs.export_attention_head()
@@ -70,6 +72,7 @@ def with_dense_outputs_pass(tmp_path_factory):
     return program, record.program, run
 
 
+@pytest.mark.compiles
 def test_without_strideguard_the_delegate_returns_views_with_their_base_strides(without_strideguard):
     edge_program, run = without_strideguard
     strides = [o.stride() for o in run.outputs]
@@ -91,6 +94,7 @@ def test_inspect_of_the_edge_program_predicts_what_the_delegate_returns(without_
     assert report.outputs[3].cause == "chunk 2 of split(16, dim=-1) of linear"
 
 
+@pytest.mark.compiles
 def test_dense_outputs_pass_makes_every_delegate_output_dense_in_its_promised_order(with_dense_outputs_pass, without_strideguard):
     program, edge_program, run = with_dense_outputs_pass
     for i, (value, order) in enumerate(zip(run.outputs, promised_orders(edge_program))):
@@ -116,11 +120,13 @@ def test_dense_outputs_pass_inserts_one_copy_per_output_out_of_layout_and_nothin
     edge_program.validate()
 
 
+@pytest.mark.compiles
 def test_without_strideguard_a_returned_detach_cannot_be_lowered(tmp_path):
     with pytest.raises(Exception, match="detach_copy"):
         lower_and_run(programs.export_attention_head(), ATTENTION_INPUT, workdir=str(tmp_path))
 
 
+@pytest.mark.compiles
 def test_drop_in_view_pass_inside_preprocess_fixes_the_outputs(tmp_path, monkeypatch, with_dense_outputs_pass):
     monkeypatch.setattr(StrideguardCpuAotiBackend, "custom_passes", [ReplaceViewCopyWithViewPass()])
     program = programs.export_attention_head()
@@ -154,6 +160,7 @@ class SplitAtFirstMul(Partitioner):
         return self.inner.ops_to_not_decompose(ep)
 
 
+@pytest.mark.compiles
 def test_a_view_crossing_delegates_corrupts_values_unless_the_partitioner_is_protected(tmp_path):
     program = programs.export_two_stages()
     x = torch.randn(2, 3, 16)
@@ -211,6 +218,8 @@ def test_prepare_for_aoti_converts_views_copies_what_needs_it_and_validates(skip
     assert strideguard.inspect(prepared).ok
 
 
+@pytest.mark.compiles
+@pytest.mark.lowers
 def test_prepare_for_aoti_converts_more_than_executorch_and_compiles_dense():
     program = programs.export_attention_head()
     edge = to_edge(program).exported_program()
@@ -230,6 +239,7 @@ class ReturnsTranspose(torch.nn.Module):
         return self.lin(x).transpose(0, 1)
 
 
+@pytest.mark.lowers
 def test_the_installed_executorch_view_table_is_followed(monkeypatch):
     """strideguard asks the installed ExecuTorch which view copies its AOTI pass converts: a newer table that
     also converts ``transpose_copy`` makes the returned transpose a strided view, and strideguard follows."""

@@ -66,7 +66,7 @@ class _Record(ExportedProgramPassBase):
         return ExportedProgramPassResult(exported_program, False)
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
 def test_lifted_constant_and_weights_reach_the_delegate(tmp_path):
     x = _input()
     module = _policy()
@@ -86,7 +86,7 @@ def test_lifted_constant_and_weights_reach_the_delegate(tmp_path):
     assert run.outputs[1].stride() == (4, 1)
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
 def test_lowering_leaves_the_callers_program_as_it_was(tmp_path):
     x = _input()
     module = _policy()
@@ -132,7 +132,7 @@ def test_the_edge_program_has_containers_of_its_own():
         assert torch.equal(got, want)
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
 def test_none_outputs_keep_their_places(tmp_path):
     x = _input()
     module = NoneOutputs()

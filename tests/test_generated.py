@@ -214,6 +214,7 @@ def _ci_programs() -> list[ProgramSpec]:
     return [PASSED[key] for key in sorted(PASSED)]
 
 
+@pytest.mark.lowers
 def test_inductor_lowering_agrees_with_every_prediction_and_fix(request, fuzz_minutes):
     if fuzz_minutes:
         pytest.skip("make fuzz judges each batch by the lowering oracle as it goes")
@@ -261,6 +262,7 @@ def _pushdown_programs() -> list[ProgramSpec]:
     return [PUSHDOWN_PASSED[key] for key in sorted(PUSHDOWN_PASSED)]
 
 
+@pytest.mark.lowers
 def test_pushdown_keeps_the_contract_on_generated_programs(request, fuzz_minutes):
     if fuzz_minutes:
         pytest.skip("make fuzz checks pushdown on each batch as it goes")
@@ -275,7 +277,8 @@ def test_pushdown_keeps_the_contract_on_generated_programs(request, fuzz_minutes
     assert not problems, "\n".join(f"{text}\n  program: {spec.dumps()}" for spec, text, _ in problems)
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
+@pytest.mark.lowers
 def test_a_sample_compiled_with_aotinductor_agrees_with_the_lowering(request, fuzz_minutes, tmp_path):
     seed = random.randrange(2**32) if fuzz_minutes else CI_SAMPLE_SEED
     candidates = _ci_programs()

@@ -1,5 +1,10 @@
 """Failures ``make fuzz`` found, shrunk and kept (``tests/regressions/*.json``), replayed on every run.
 
+A failure the lowering oracle found in a batch is replayed on its own program
+here, and in its whole batch (some thirty programs as one method, several
+minutes each) in the ``long`` tier, which ``make test-long`` and ``make fuzz``
+run.
+
 A record whose library bug is still open carries ``xfail``, the reason: the
 replay is then a strict xfail, so the fix shows up as an unexpected pass and
 the mark is removed with it. Without ExecuTorch, an open finding on the Edge
@@ -16,11 +21,20 @@ from . import generated
 from .conftest import HAS_EXECUTORCH, needs_executorch
 
 
-def _cases() -> list:
+_TIERS = {"compiled": [pytest.mark.compiles, pytest.mark.lowers]}
+"""Every other oracle lowers: an eager finding is judged by the lowering oracle too."""
+
+
+def _cases(in_batch: bool) -> list:
     cases = []
     for path in sorted(generated.REGRESSIONS.glob("*.json")):
         record = json.loads(path.read_text())
-        marks = [pytest.mark.aoti] if generated.oracle_of(record) == "compiled" else []
+        if in_batch and not record.get("batch"):
+            continue
+        oracle = generated.oracle_of(record)
+        marks = list(_TIERS.get(oracle, [pytest.mark.lowers]))
+        if in_batch:
+            marks.append(pytest.mark.long)
         if record.get("xfail"):
             marks.append(pytest.mark.xfail(strict=True, reason=record["xfail"]))
             if not HAS_EXECUTORCH and "edge" in record["failure"].lower():
@@ -30,6 +44,11 @@ def _cases() -> list:
     return cases
 
 
-@pytest.mark.parametrize("record", _cases())
+@pytest.mark.parametrize("record", _cases(in_batch=False))
 def test_kept_failure_stays_fixed(record, tmp_path):
-    generated.replay(record, str(tmp_path))
+    generated.replay(record, str(tmp_path), in_batch=False)
+
+
+@pytest.mark.parametrize("record", _cases(in_batch=True))
+def test_kept_failure_stays_fixed_in_its_batch(record, tmp_path):
+    generated.replay(record, str(tmp_path), in_batch=True)

@@ -89,6 +89,7 @@ def test_the_command_line_refuses_with_one_line_and_exit_2(corpus, case, capsys)
     assert not marker.exists()
 
 
+@pytest.mark.commands
 def test_heavy_files_are_refused_at_once_in_little_memory(corpus, tmp_path):
     """Every file, heavy or not, read in one subprocess: each refused within seconds, in well under 1 GB.
 
@@ -151,6 +152,7 @@ def run_measured(command: list[str], folder: pathlib.Path, *, timeout: float) ->
     return results, imported * 1024, usage.ru_maxrss * 1024
 
 
+@pytest.mark.commands
 def test_the_payloads_are_real(corpus):
     """Plain torch runs each payload that strideguard refuses: at load, or when the program is called."""
     demonstrated = [(case, path, marker) for case, path, marker in corpus.values() if case.runs_in_torch]

@@ -63,6 +63,7 @@ def test_a_file_appearing_at_the_output_during_the_run_survives(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.commands
 def test_two_concurrent_fix_runs_exactly_one_wins(policy, tmp_path):
     output = tmp_path / "fixed.pt2"
     runs = [strideguard("fix", policy, "-o", output) for _ in range(2)]
@@ -95,6 +96,7 @@ cli.main(sys.argv[2:])
 """
 
 
+@pytest.mark.commands
 def test_signals_during_the_write_remove_the_temporary_file(policy, tmp_path):
     """Every catchable signal that would end the process, not only SIGINT and SIGTERM."""
     runs = {}
@@ -123,6 +125,7 @@ def test_signals_during_the_write_remove_the_temporary_file(policy, tmp_path):
         assert leftovers(folder) == []
 
 
+@pytest.mark.commands
 def test_a_full_disk_is_one_line_and_exit_2(policy, tmp_path):
     """A file-size limit makes the write fail with EFBIG, as a full disk fails it with ENOSPC."""
     limit = policy.stat().st_size // 4

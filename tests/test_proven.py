@@ -28,6 +28,7 @@ from strideguard.proof import PROOF_KEY
 
 from strideguard.backends import resolve_backend
 
+from . import tiers
 from .conftest import HAS_EXECUTORCH, needs_executorch
 
 if HAS_EXECUTORCH:
@@ -98,11 +99,13 @@ def cases_edge(cases):
 
 
 @pytest.fixture(scope="module")
+@tiers.needs("compiles", "lowers")
 def twin_unfixed(cases, tmp_path_factory):
     return lower_and_run(cases, case_inputs(), workdir=str(tmp_path_factory.mktemp("unfixed")))
 
 
 @pytest.fixture(scope="module")
+@tiers.needs("compiles", "lowers")
 def twin_fixed(cases, tmp_path_factory):
     dense = DenseOutputsPass(exact=True, backend=CPU_TWIN)
     run = lower_and_run(cases, case_inputs(), transform_passes=[dense], workdir=str(tmp_path_factory.mktemp("fixed")))
@@ -114,7 +117,8 @@ def _strides(values) -> list:
 
 
 @needs_executorch
-@pytest.mark.aoti
+@pytest.mark.compiles
+@pytest.mark.lowers
 def test_unfixed_delegate_breaks_the_promise_where_exact_inspect_says(cases_edge, twin_unfixed):
     """The failure is real (SDPA comes back transposed through the backend's decomposition), and
     ``inspect(exact=True, backend=...)`` predicts every stride the delegate returns."""
@@ -130,7 +134,8 @@ def test_unfixed_delegate_breaks_the_promise_where_exact_inspect_says(cases_edge
 
 
 @needs_executorch
-@pytest.mark.aoti
+@pytest.mark.compiles
+@pytest.mark.lowers
 def test_dense_outputs_pass_exact_proves_and_delivers_every_layout(cases, cases_edge, twin_unfixed, twin_fixed):
     dense, fixed = twin_fixed
     orders = target_dim_orders(cases_edge)
@@ -148,7 +153,8 @@ def test_dense_outputs_pass_exact_proves_and_delivers_every_layout(cases, cases_
     assert dense.proof.rounds == 1 and dense.proof.strengthened == ()
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
+@pytest.mark.lowers
 def test_plain_aoti_compile_and_package_returns_every_output_contiguous(cases, tmp_path):
     package = strideguard.aoti_compile_and_package(cases, package_path=str(tmp_path / "fixed.pt2"))
     assert package == str(tmp_path / "fixed.pt2") and os.path.getsize(package) > 0
@@ -168,6 +174,7 @@ def test_plain_aoti_compile_and_package_returns_every_output_contiguous(cases, t
     assert want[4].stride() == (64, 16, 64, 1) and got[4].stride() == (64, 16, 16, 1)
 
 
+@pytest.mark.lowers
 def test_exact_fix_without_strideguards_compile_leaves_kernel_memory_unproven(cases):
     fixed = strideguard.densify_outputs(cases, exact=True)
     proof = fixed.graph_module.meta[PROOF_KEY]
@@ -175,6 +182,7 @@ def test_exact_fix_without_strideguards_compile_leaves_kernel_memory_unproven(ca
 
 
 @needs_executorch
+@pytest.mark.lowers
 def test_prepare_for_aoti_exact_is_proven_through_the_backend(cases_edge):
     prepared = strideguard.prepare_for_aoti(cases_edge, exact=True, backend=CPU_TWIN)
     proof = prepared.graph_module.meta[PROOF_KEY]
@@ -208,6 +216,7 @@ def _logical_not_program():
     return torch.export.export(LogicalNotSelect(), (torch.randn(3, 4), torch.rand(2, 2) > 0.5))
 
 
+@pytest.mark.lowers
 def test_the_default_copy_is_a_form_inductor_keeps():
     """The select of ``logical_not(x.T)`` is traced contiguous, Inductor realizes it otherwise and drops a
     clone of it as a no-op; strideguard leaves its layout to Inductor and copies it in the form that holds
@@ -237,7 +246,8 @@ class ReturnsItsInput(nn.Module):
         return x, x * 2.0
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
+@pytest.mark.lowers
 def test_closed_loop_repairs_a_copy_inductor_dropped(monkeypatch):
     """Force the plain clone (which Inductor drops here): the loop sees the output still strided, replaces
     the copy with the form that holds, lowers again and proves it; the compiled program agrees."""
@@ -278,6 +288,7 @@ class RelayOutputsTransposed:
 
 
 @needs_executorch
+@pytest.mark.lowers
 def test_closed_loop_raises_where_no_copy_can_hold(monkeypatch):
     program = aoti_edge_program(torch.export.export(nn.Linear(7, 5), (torch.randn(3, 7),)))
     monkeypatch.setattr(StrideguardCpuAotiBackend, "custom_passes", [RelayOutputsTransposed()])

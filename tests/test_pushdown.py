@@ -8,6 +8,8 @@ eagerly in both dim-order modes, validated.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import sympy
 import torch
@@ -15,11 +17,11 @@ from torch.utils import _pytree as pytree
 
 import strideguard
 from strideguard.pushdown import graph_flops
-from strideguard.verify import PUSHDOWN_TOLERANCE, check_compiled
+from strideguard.verification import PUSHDOWN_TOLERANCE, check_compiled
 
 from . import generated
 from .conftest import _compile, needs_executorch
-from .generated import edge_program, snapshot
+from .generated import edge_program, snapshot, unread_computations
 
 BATCH, POSITIONS, HIDDEN, VOCAB = 2, 6, 32, 300
 
@@ -99,6 +101,7 @@ def test_inspect_says_how_far_each_piece_moves_and_what_it_saves(program):
     assert "with pushdown: select(dim=1, -1)" in str(report)
 
 
+@pytest.mark.lowers
 def test_pushdown_lands_dense_with_fewer_flops_and_leaves_the_input_alone(program):
     before = snapshot(program)
     pushed = strideguard.densify_outputs(program, pushdown=True)
@@ -115,13 +118,20 @@ def test_pushdown_lands_dense_with_fewer_flops_and_leaves_the_input_alone(progra
         torch.testing.assert_close(got, want, rtol=PUSHDOWN_TOLERANCE[0], atol=PUSHDOWN_TOLERANCE[1])
 
 
+def test_a_pushed_down_program_keeps_no_full_size_node_that_feeds_nothing(program):
+    pushed = strideguard.densify_outputs(program, pushdown=True)
+    assert any("strideguard_pushdown" in n.meta.get("custom", {}) for n in pushed.graph.nodes)
+    left = Counter(unread_computations(pushed.graph)) - Counter(unread_computations(program.graph))
+    assert not left, f"pushdown left nodes that feed nothing: {sorted(left)}"
+
+
 def test_without_pushdown_nothing_moves(program):
     fixed = strideguard.densify_outputs(program)
     assert not any("strideguard_pushdown" in n.meta.get("custom", {}) for n in fixed.graph.nodes)
     assert graph_flops(fixed.graph) >= graph_flops(program.graph)
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
 def test_compiled_pushdown_is_dense_and_within_tolerance_of_the_unfixed_program(program, compile_dir):
     pushed = strideguard.densify_outputs(program, pushdown=True)
     unfixed = _compile(program, compile_dir, "pushdown-unfixed")
@@ -135,7 +145,10 @@ def test_compiled_pushdown_is_dense_and_within_tolerance_of_the_unfixed_program(
         # untouched by pushdown: only the output copy, bitwise
         assert report.outputs[index].reference_error == 0.0, report.outputs[index]
     strict = check_compiled(pushed, compiled.run, inputs(), reference=unfixed.run, tolerance=(0.0, 0.0))
-    assert [c.reference_error for c in strict.outputs] == [c.reference_error for c in report.outputs]
+    for check in strict.outputs:
+        if check.reference_error is not None:
+            # No tolerance: an output matches exactly when it is bitwise the unfixed program's.
+            assert check.match == (check.reference_error == 0.0), check
 
 
 @needs_executorch
@@ -164,6 +177,7 @@ def test_the_executorch_pass_pushes_down_when_asked(program):
     result.exported_program.validate()
 
 
+@pytest.mark.lowers
 def test_dynamic_batch_pushes_along_other_dimensions():
     model = Pieces().eval()
 
@@ -185,9 +199,22 @@ def test_dynamic_batch_pushes_along_other_dimensions():
         torch.testing.assert_close(pushed.module()(ids), program.module()(ids), rtol=1e-4, atol=1e-5)
 
 
-def test_verify_takes_a_reference_and_checks_its_tolerance(program):
+def test_verify_refuses_a_tolerance_that_is_not_a_pair(program):
     with pytest.raises(TypeError, match="tolerance"):
         strideguard.verify(program, reference=program, tolerance=1e-3)
+
+
+def test_a_reference_difference_is_judged_by_the_tolerance_given():
+    from strideguard.verification import OutputCheck, _against_reference
+
+    reference = torch.linspace(-1, 1, 64)
+    nudged = reference + 1e-6
+    check = OutputCheck(**{**{f: None for f in OutputCheck.__dataclass_fields__}, "index": 0, "match": True})
+    (tight,) = _against_reference((check,), nudged, reference, (0.0, 0.0))
+    (loose,) = _against_reference((check,), nudged, reference, PUSHDOWN_TOLERANCE)
+    (same,) = _against_reference((check,), reference.clone(), reference, (0.0, 0.0))
+    assert tight.reference_error == loose.reference_error == pytest.approx(1e-6, rel=0.1)
+    assert (tight.match, loose.match, same.match) == (False, True, True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,6 +275,7 @@ def _assert_runs_like(pushed, original, sizes=(3, 7)):
             torch.testing.assert_close(got, want, rtol=PUSHDOWN_TOLERANCE[0], atol=PUSHDOWN_TOLERANCE[1])
 
 
+@pytest.mark.lowers
 def test_dynamic_batch_factories_push_down_with_sizes_read_from_size_nodes():
     program = _factories_program()
     report = strideguard.inspect(program)
@@ -289,6 +317,7 @@ program calls ``full((s10, 8, 0), 0)`` and cannot run, before strideguard sees i
 
 
 @needs_executorch
+@pytest.mark.lowers
 def test_an_edge_program_that_cannot_run_untouched_is_set_aside_and_pushdown_adds_no_bare_symbol():
     edge = edge_program(generated.export_program(EMPTY_CAT), skip_dim_order=False)
     prepared = strideguard.prepare_for_aoti(edge, pushdown=True)

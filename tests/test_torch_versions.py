@@ -12,6 +12,7 @@ each lane checks its own torch.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -41,6 +42,7 @@ def _program():
     return torch.export.export(ChangedLowerings(), inputs)
 
 
+@pytest.mark.lowers
 def test_views_of_ops_whose_lowering_changed_are_predicted_by_the_installed_inductor():
     program = _program()
     report = strideguard.inspect(program)
@@ -58,6 +60,7 @@ def test_views_of_ops_whose_lowering_changed_are_predicted_by_the_installed_indu
         assert copied == needed, f"[{record.index}] {record.cause}: copied {copied}, needed {needed}"
 
 
+@pytest.mark.lowers
 def test_every_output_lands_in_layout_on_the_installed_torch():
     program = _program()
     for fixed in (strideguard.densify_outputs(program), strideguard.densify_outputs(program, exact=True)):

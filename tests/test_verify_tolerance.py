@@ -14,7 +14,7 @@ from torch.export.graph_signature import OutputKind, OutputSpec, TensorArgument
 
 import strideguard
 from strideguard.program import UserOutput
-from strideguard.verify import (
+from strideguard.verification import (
     EAGER_TOLERANCES,
     _check_one,
     _computed_on_the_way,
@@ -249,7 +249,8 @@ def attention_inputs():
     )
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
+@pytest.mark.lowers
 def test_a_bfloat16_program_verifies():
     program = torch.export.export(Attention().eval(), attention_inputs())
     fixed = strideguard.densify_outputs(program)

@@ -30,6 +30,7 @@ def built(model: zoo.ZooModel) -> zoo.ZooModel:
 
 @pytest.mark.parametrize("model", zoo.MODELS + zoo.ROBOTS, ids=[m.name for m in zoo.MODELS + zoo.ROBOTS])
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.lowers
 def test_zoo_model_is_predicted_and_fixed(model, path):
     judgement = (zoo.judge_aten if path == "aten" else zoo.judge_edge)(built(model))
     assert not judgement.mispredicted, judgement.mispredicted
@@ -41,6 +42,7 @@ def test_zoo_model_is_predicted_and_fixed(model, path):
 
 @pytest.mark.parametrize("model", zoo.DECODERS, ids=[m.name for m in zoo.DECODERS])
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.lowers
 def test_zoo_decoder_pushdown_saves_work_and_lands_dense(model, path):
     judgement = zoo.judge_pushdown(built(model), path)
     assert judgement.pushed and "select(dim=1, -1) pushed through linear" in judgement.pushed[0], judgement.pushed
@@ -52,6 +54,8 @@ def test_zoo_decoder_pushdown_saves_work_and_lands_dense(model, path):
 
 @pytest.mark.parametrize("model", zoo.LOW_PRECISION, ids=[m.name for m in zoo.LOW_PRECISION])
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.compiles
+@pytest.mark.lowers
 def test_zoo_in_bfloat16_is_proven_compiled_and_verified(model, path, tmp_path):
     judgement = zoo.judge_proven(built(model), path, directory=str(tmp_path))
     assert not judgement.after, judgement.after
@@ -69,7 +73,7 @@ COMPILED_ROBOTS = [
 ]
 
 
-@pytest.mark.aoti
+@pytest.mark.compiles
 @pytest.mark.parametrize("model, path", COMPILED_ROBOTS)
 def test_robot_policy_compiled_and_run_is_dense_with_equal_values(model, path, tmp_path):
     """What ``make zoo`` checks of the other models, for LeRobot's policies in their own lane: compiled with

@@ -304,7 +304,7 @@ def judge_aten(model: ZooModel, *, compile: bool = False, directory: Optional[st
     if not compile:
         return _judge(model.name, "aten", report, _lowered(lower_outputs(program)), _lowered(lower_outputs(fixed)),
                       orders, "lowering")
-    from strideguard.verify import compile_program
+    from strideguard.verification import compile_program
 
     inputs = program.example_inputs[0]
     with torch.no_grad():
@@ -413,7 +413,7 @@ def judge_proven(model: ZooModel, path: str, *, directory: str) -> ProvenJudgeme
     tolerances, layouts). Edge: ``DenseOutputsPass(exact=True)`` for the CPU twin of the CUDA backend inside
     ExecuTorch's lowering, the delegate run and held to the same layouts and tolerances."""
     from strideguard.proof import PROOF_KEY
-    from strideguard.verify import _output_tolerance, _values_match
+    from strideguard.verification import _output_tolerance, _values_match
 
     program = model.export()
     inputs = tuple(program.example_inputs[0])
@@ -497,7 +497,6 @@ def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directo
     path): the logits pushed into the model, fewer FLOPs, every output in its target layout, and values within
     the pushdown tolerance of the unfixed program's."""
     from strideguard.pushdown import graph_flops
-    from strideguard.rewrite import pushed_down
 
     program = model.export()
     original = program if path == "aten" else edge_of(program)
@@ -520,7 +519,7 @@ def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directo
         source = "lowering"
     else:
         from strideguard.testing.executorch_cpu import lower_and_run
-        from strideguard.verify import compile_program
+        from strideguard.verification import compile_program
 
         workdir = os.path.join(directory, model.name, f"{path}-pushdown")
         with torch.no_grad():
@@ -538,5 +537,5 @@ def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directo
     ]
     return PushdownJudgement(
         model=model.name, path=path, pushed=pushed, saved=saved, flops_before=graph_flops(original.graph),
-        flops_after=graph_flops(pushed_down(original)[0].graph), after=strided, max_error=error, source=source,
+        flops_after=graph_flops(fixed.graph), after=strided, max_error=error, source=source,
     )

@@ -1,2 +1,7 @@
-"""Graph transforms, one per module. Each reads the facts computed by
-``strideguard.analysis`` and does one job."""
+"""Graph transforms, one per module, each doing one job that another module decided.
+
+``insert_output_copies`` reads the facts ``strideguard.analysis`` computed for
+each output; ``view_copies_to_views`` carries out ``strideguard.plan``'s view
+conversions; ``push_cuts_into_producers`` carries out ``strideguard.pushdown``'s
+plan; ``detach_copy_to_alias_copy`` reads nothing but the graph.
+"""

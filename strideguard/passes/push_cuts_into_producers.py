@@ -20,12 +20,12 @@ import torch
 from torch.fx import Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from ..dialect import Dialect, aten_op, narrow_call, op_key, select_call
+from .. import ops
+from ..dialect import Dialect, aten_op, narrow_call, select_call
 from ..fake_values import call_on_fake_values
 from ..pushdown import FULL, PUSHED_DOWN, Narrowing, Pushdown, checks_only_its_type, passes_through
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
-_RESHAPES = {"aten::view.default", "aten::view_copy.default", "aten::reshape.default", "aten::_unsafe_view.default"}
 
 
 def push_cuts_into_producers(graph: torch.fx.Graph, pushdowns: Sequence[Pushdown], dialect: Dialect) -> list[Node]:
@@ -85,7 +85,7 @@ def _push(graph: torch.fx.Graph, pushdown: Pushdown, dialect: Dialect) -> list[N
                 (new[node],) = mapping.values()
                 continue
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: mapping.get(n, n))
-            if op_key(node.target) in _RESHAPES:
+            if ops.in_family(node.target, ops.RESHAPES):
                 shape = list(args[1])
                 shape[narrowing.dim] = narrowing.length
                 args = (args[0], shape, *args[2:])
