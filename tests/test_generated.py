@@ -185,6 +185,7 @@ def fuzz(minutes: float) -> tuple[int, list[Path]]:
     return batches, sorted(set(kept))
 
 
+@pytest.mark.lowers  # in make fuzz it judges every batch by the lowering oracle
 def test_generated_programs_keep_the_contract(request, fuzz_minutes):
     if not fuzz_minutes:
         property_test(ci_settings(), {})()

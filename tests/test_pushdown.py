@@ -125,6 +125,29 @@ def test_a_pushed_down_program_keeps_no_full_size_node_that_feeds_nothing(progra
     assert not left, f"pushdown left nodes that feed nothing: {sorted(left)}"
 
 
+def test_a_full_size_cat_goes_with_its_type_check_when_the_piece_stands_aside_from_it():
+    """torch 2.14's export checks the dtype of a ``to``'s input (``_assert_tensor_metadata``). When the
+    returned piece lies in one input of a ``cat``, the ``cat`` stands aside; its check must not keep the
+    full-size ``cat`` alive (found by the generated pushdown oracle on torch 2.14.1)."""
+
+    class CatThenPiece(torch.nn.Module):
+        def forward(self, x):
+            return (torch.cat([x, x + 1]).to(torch.float16) * 0.5)[2:4]
+
+    x = torch.randn(2, 3)
+    program = torch.export.export(CatThenPiece(), (x,))
+    cat = next(n for n in program.graph.nodes if n.target is torch.ops.aten.cat.default)
+    if not any(u.target is torch.ops.aten._assert_tensor_metadata.default for u in cat.users):
+        with program.graph.inserting_after(cat):
+            program.graph.call_function(torch.ops.aten._assert_tensor_metadata.default, (cat,), {"dtype": torch.float32})
+        program.graph_module.recompile()
+    pushed = strideguard.densify_outputs(program, pushdown=True)
+    targets = [n.target for n in pushed.graph.nodes]
+    assert any("strideguard_pushdown" in n.meta.get("custom", {}) for n in pushed.graph.nodes)
+    assert torch.ops.aten.cat.default not in targets and torch.ops.aten._assert_tensor_metadata.default not in targets
+    torch.testing.assert_close(pushed.module()(x), program.module()(x), rtol=0, atol=0)
+
+
 def test_without_pushdown_nothing_moves(program):
     fixed = strideguard.densify_outputs(program)
     assert not any("strideguard_pushdown" in n.meta.get("custom", {}) for n in fixed.graph.nodes)

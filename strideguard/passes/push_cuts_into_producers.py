@@ -104,11 +104,20 @@ def _push(graph: torch.fx.Graph, pushdown: Pushdown, dialect: Dialect) -> list[N
 
 
 def _remove_unread(candidates: list[Node], graph: torch.fx.Graph) -> None:
-    """Erase the replaced nodes, and whatever only they read, once nothing reads them."""
+    """Erase the replaced nodes, and whatever only they read, once nothing reads them. A check of a
+    node's type (``_assert_tensor_metadata``) computes nothing: a node only checks read is unread, and
+    its checks go with it (else a full-size ``cat`` a piece stood aside from stays, read by its check)."""
     pending, erased = list(candidates), set()
     while pending:
         node = pending.pop(0)
-        if node in erased or node.op != "call_function" or node.users or node.is_impure():
+        if node in erased or node.op != "call_function":
+            continue
+        checks = list(node.users)
+        if checks and all(checks_only_its_type(user) for user in checks):
+            for check in checks:
+                graph.erase_node(check)
+                erased.add(check)
+        if node.users or node.is_impure():
             continue
         inputs = node.all_input_nodes
         graph.erase_node(node)
