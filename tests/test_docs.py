@@ -19,22 +19,18 @@ def _paths() -> list[str]:
 
 
 def resolve(path: str) -> object:
-    """Import the longest module prefix of ``path``, then read the rest as attributes, as a user would."""
+    """Import every module prefix of ``path`` that is one, then read the path through the package as a user
+    would (``strideguard.verify`` is what the package binds, not a module)."""
     parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
-        module_name = ".".join(parts[:cut])
+    for cut in range(2, len(parts) + 1):
         try:
-            value = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name is not None and not module_name.startswith(error.name):
-                raise
-            continue
-        # Read through the package as a user would: ``strideguard.verify`` is what the package binds.
-        value = importlib.import_module(parts[0])
-        for part in parts[1:]:
-            value = getattr(value, part)
-        return value
-    raise ModuleNotFoundError(path)
+            importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            break
+    value = importlib.import_module(parts[0])
+    for part in parts[1:]:
+        value = getattr(value, part)
+    return value
 
 
 def test_the_docs_name_paths():
