@@ -64,6 +64,9 @@ UNBINDS = frozenset({aten.unbind, aten.unbind_copy})
 ALIASES = frozenset({aten.alias, aten.alias_copy, aten.detach, aten.detach_copy})
 """The input itself (or its copy in Edge), under another name."""
 
+DROPOUTS = frozenset({aten.dropout, aten.native_dropout})
+"""Seeded: FX counts them impure, yet outside training (``train=False``) each is the identity."""
+
 MEMORY_FORMAT_COPIES = frozenset({aten.clone, aten._to_copy})
 """Copies told their layout by a ``memory_format`` argument."""
 

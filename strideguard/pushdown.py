@@ -461,10 +461,15 @@ def _select(node: Node, narrowing: Narrowing) -> Inputs:
 
 def _dropout(node: Node, narrowing: Narrowing) -> Inputs:
     """Dropout outside training is the identity; in training its mask is drawn for the whole value."""
-    arguments = _arguments(node)
-    if arguments.get("train") is not False:
+    if not is_identity_dropout(node):
         return None
     return [(node.args[0], narrowing)]
+
+
+def is_identity_dropout(node: Node) -> bool:
+    """A dropout told ``train=False``: it draws nothing, so, unlike FX's judgement of a seeded op, it may
+    be removed once nothing reads it."""
+    return ops.in_family(node.target, ops.DROPOUTS) and _arguments(node).get("train") is False
 
 
 def _cat(node: Node, narrowing: Narrowing) -> Inputs:

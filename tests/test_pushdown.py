@@ -148,6 +148,30 @@ def test_a_full_size_cat_goes_with_its_type_check_when_the_piece_stands_aside_fr
     torch.testing.assert_close(pushed.module()(x), program.module()(x), rtol=0, atol=0)
 
 
+def test_a_full_size_value_goes_with_a_dropout_outside_training_that_reads_it():
+    """A Hugging Face decoder's export keeps ``dropout(p=0.0, train=False)`` after its attention. FX
+    counts a seeded op impure, so the full-size values it read stayed (17 nodes on the zoo's Qwen2
+    prefill); outside training it draws nothing and goes with them. A dropout in training stays."""
+
+    class ProjectThenLast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(8, 12)
+
+        def forward(self, x):
+            hidden = torch.ops.aten.dropout.default(torch.relu(x), 0.0, False)
+            return self.head(hidden)[:, -1, :]
+
+    x = torch.randn(2, 5, 8)
+    program = torch.export.export(ProjectThenLast().eval(), (x,))
+    assert any(n.target is torch.ops.aten.dropout.default for n in program.graph.nodes)
+    pushed = strideguard.densify_outputs(program, pushdown=True)
+    assert any("strideguard_pushdown" in n.meta.get("custom", {}) for n in pushed.graph.nodes)
+    left = Counter(unread_computations(pushed.graph)) - Counter(unread_computations(program.graph))
+    assert not left, f"pushdown left nodes that feed nothing: {sorted(left)}"
+    torch.testing.assert_close(pushed.module()(x), program.module()(x), rtol=PUSHDOWN_TOLERANCE[0], atol=PUSHDOWN_TOLERANCE[1])
+
+
 def test_without_pushdown_nothing_moves(program):
     fixed = strideguard.densify_outputs(program)
     assert not any("strideguard_pushdown" in n.meta.get("custom", {}) for n in fixed.graph.nodes)

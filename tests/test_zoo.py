@@ -49,6 +49,7 @@ def test_zoo_decoder_pushdown_saves_work_and_lands_dense(model, path):
     assert judgement.saved > 0.5, judgement.row()
     assert judgement.flops_after < judgement.flops_before, judgement.row()
     assert not judgement.after, judgement.after
+    assert not judgement.left_unread, f"full-size nodes that feed nothing: {judgement.left_unread}"
     assert judgement.max_error <= 1e-4, judgement.row()
 
 

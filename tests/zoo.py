@@ -16,6 +16,7 @@ what AOTInductor and ExecuTorch's AOTI path really return (``make zoo``).
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -29,6 +30,7 @@ from strideguard.dialect import target_dim_orders
 from strideguard.lowering import lower_edge_outputs, lower_outputs
 
 from . import programs, robots
+from .generated import unread_computations
 
 VOCABULARY = 128
 LLM = dict(
@@ -469,17 +471,20 @@ class PushdownJudgement:
     max_error: float
     """The largest difference from the unfixed program's outputs (eager, or compiled with ``compile=True``)."""
     source: str = "lowering"
+    left_unread: list[str] = field(default_factory=list)
+    """Computing nodes the fixed program keeps that feed no output, beyond those the unfixed one had."""
 
     @property
     def ok(self) -> bool:
-        return bool(self.pushed) and not self.after and self.flops_after < self.flops_before and self.max_error <= 1e-4
+        return (bool(self.pushed) and not self.after and not self.left_unread and self.flops_after < self.flops_before
+                and self.max_error <= 1e-4)
 
     def row(self) -> dict[str, Any]:
         return {
             "model": self.model, "path": self.path, "pushdown": self.pushed[0] if self.pushed else None,
             "saved": None if self.saved is None else round(self.saved, 3),
             "method_flops_ratio": round(self.flops_after / self.flops_before, 3), "strided_after_fix": len(self.after),
-            "max_error": self.max_error, "checked_by": self.source, "ok": self.ok,
+            "max_error": self.max_error, "left_unread": len(self.left_unread), "checked_by": self.source, "ok": self.ok,
         }
 
 
@@ -538,4 +543,5 @@ def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directo
     return PushdownJudgement(
         model=model.name, path=path, pushed=pushed, saved=saved, flops_before=graph_flops(original.graph),
         flops_after=graph_flops(fixed.graph), after=strided, max_error=error, source=source,
+        left_unread=sorted((Counter(unread_computations(fixed.graph)) - Counter(unread_computations(original.graph))).elements()),
     )

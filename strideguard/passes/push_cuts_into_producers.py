@@ -23,7 +23,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from .. import ops
 from ..dialect import Dialect, aten_op, narrow_call, select_call
 from ..fake_values import call_on_fake_values
-from ..pushdown import FULL, PUSHED_DOWN, Narrowing, Pushdown, checks_only_its_type, passes_through
+from ..pushdown import FULL, PUSHED_DOWN, Narrowing, Pushdown, checks_only_its_type, is_identity_dropout, passes_through
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
 
@@ -106,7 +106,9 @@ def _push(graph: torch.fx.Graph, pushdown: Pushdown, dialect: Dialect) -> list[N
 def _remove_unread(candidates: list[Node], graph: torch.fx.Graph) -> None:
     """Erase the replaced nodes, and whatever only they read, once nothing reads them. A check of a
     node's type (``_assert_tensor_metadata``) computes nothing: a node only checks read is unread, and
-    its checks go with it (else a full-size ``cat`` a piece stood aside from stays, read by its check)."""
+    its checks go with it (else a full-size ``cat`` a piece stood aside from stays, read by its check). A
+    dropout outside training draws nothing: FX calls it impure, but it goes too (else a decoder's full-size
+    logits stay, read by the ``dropout(p=0.0, train=False)`` a Hugging Face export keeps)."""
     pending, erased = list(candidates), set()
     while pending:
         node = pending.pop(0)
@@ -117,7 +119,7 @@ def _remove_unread(candidates: list[Node], graph: torch.fx.Graph) -> None:
             for check in checks:
                 graph.erase_node(check)
                 erased.add(check)
-        if node.users or node.is_impure():
+        if node.users or (node.is_impure() and not is_identity_dropout(node)):
             continue
         inputs = node.all_input_nodes
         graph.erase_node(node)
