@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Any, Optional
 
 import torch
@@ -16,10 +15,9 @@ from .dialect import dialect_of
 from .plan import EXECUTORCH, STRIDEGUARD, ConversionPolicy
 from .program import require_exported_program, require_flag
 from .records import LayoutReport
-from .pushdown import plan_pushdowns
 from .lowering import ExternKernelMemory
 from .proof import Proof, fixed_and_proven
-from .rewrite import lower_as_compiled, program_plan, pushed_down, transformed
+from .rewrite import Pushdowns, lower_as_compiled, program_plan, transformed
 
 
 def output_facts(
@@ -32,15 +30,8 @@ def output_facts(
     if not isinstance(policy, ConversionPolicy):
         raise TypeError(f"strideguard.inspect: policy must be a ConversionPolicy, got {type(policy).__name__}")
     backend = _backend(program, backend, "inspect")
-    lowering = lower_as_compiled(program, policy=policy, backend=backend) if exact else None
-    facts = list(program_plan(program, policy, lowering=lowering, backend=backend).outputs)
-    pushdowns = {pushdown.output: pushdown for pushdown in plan_pushdowns(program.graph)}
-    for number, fact in enumerate(facts):
-        pushdown = pushdowns.get(fact.output.position)
-        if pushdown is not None:
-            record = replace(fact.layout, pushdown=pushdown.description, flops_saved=pushdown.saved)
-            facts[number] = replace(fact, layout=record)
-    return facts
+    lower = (lambda planned: lower_as_compiled(planned, policy=policy, backend=backend)) if exact else None
+    return list(program_plan(program, policy, lower=lower, backend=backend, pushdowns=Pushdowns.DESCRIBED).outputs)
 
 
 def inspect(
@@ -121,15 +112,15 @@ def densify_outputs(
     require_flag(exact, "exact", "densify_outputs")
     backend = _backend(program, backend, "densify_outputs")
     _require_configs(inductor_configs, "densify_outputs")
-    if require_flag(pushdown, "pushdown", "densify_outputs"):
-        program = pushed_down(program)[0]
+    pushdowns = Pushdowns.APPLIED if require_flag(pushdown, "pushdown", "densify_outputs") else Pushdowns.NONE
+    options = dict(break_aliases=break_aliases, backend=backend, pushdowns=pushdowns)
     if not exact:
-        return transformed(program, EXECUTORCH, break_aliases=break_aliases, backend=backend)[0]
+        return transformed(program, EXECUTORCH, **options)[0]
 
     def lower(candidate: ExportedProgram):
         return lower_as_compiled(candidate, backend=backend, inductor_configs=inductor_configs)
 
-    return fixed_and_proven(program, EXECUTORCH, lower, break_aliases=break_aliases, backend=backend)[0]
+    return fixed_and_proven(program, EXECUTORCH, lower, **options)[0]
 
 
 def prepare_for_aoti(
@@ -161,9 +152,10 @@ def prepare_for_aoti(
     backend = _backend(program, backend, "prepare_for_aoti")
     if not dialect_of(program).is_edge:
         return densify_outputs(program, break_aliases=break_aliases, exact=exact, pushdown=pushdown)
-    if pushdown:
-        program = pushed_down(program)[0]
-    options = dict(break_aliases=break_aliases, copy_outputs=copy_outputs, update_values=False, backend=backend)
+    options = dict(
+        break_aliases=break_aliases, copy_outputs=copy_outputs, update_values=False, backend=backend,
+        pushdowns=Pushdowns.APPLIED if pushdown else Pushdowns.NONE,
+    )
     if not (exact and copy_outputs):
         return transformed(program, STRIDEGUARD, **options)[0]
     return fixed_and_proven(

@@ -49,7 +49,7 @@ from .loading import (
     write_output,
 )
 from .isolation import DEFAULT_SECONDS, ChildFailed, Limits, LimitExceeded, run_isolated
-from .records import Action, LayoutReport, VerifyReport
+from .records import LayoutReport, VerifyReport
 
 app = typer.Typer(
     add_completion=False,

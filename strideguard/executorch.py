@@ -23,7 +23,6 @@ runtime copies every output anyway, so they are off unless asked for.
 from __future__ import annotations
 
 import logging
-import operator
 from typing import Any, Optional, Sequence
 
 import torch
@@ -33,14 +32,11 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
 from torch.fx.passes.infra.pass_base import PassResult
 
-from . import layout
 from .backends import resolve_backend
 from .proof import Proof, fixed_and_proven
-from .rewrite import apply_plan, lower_as_compiled, make_plan, pushed_down, transformed, without_garbage_collection
+from .rewrite import Pushdowns, fix_graph_in_place, lower_as_compiled, transformed
 from .dialect import dialect_of, dialect_of_graph
-from .dialect import promised_dim_order
-from .plan import EXECUTORCH, STRIDEGUARD, plan_view_conversion
-from .replay import Geometry
+from .plan import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
 from .program import lazy_graph_module, output_values, require_exported_program, require_flag, signature_following_graph
 
 COPY_OUTPUTS_BY_BACKEND = {"CudaBackend": True, "MetalBackend": False}
@@ -96,10 +92,10 @@ class DenseOutputsPass(ExportedProgramPassBase):
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
         program = require_exported_program(exported_program, "executorch.DenseOutputsPass")
-        pushdowns = ()
-        if self.pushdown:
-            program, pushdowns = pushed_down(program)
-        options = dict(break_aliases=self.break_aliases, copy_outputs=self.copy_outputs, backend=self.backend)
+        options = dict(
+            break_aliases=self.break_aliases, copy_outputs=self.copy_outputs, backend=self.backend,
+            pushdowns=Pushdowns.APPLIED if self.pushdown else Pushdowns.NONE,
+        )
         if self.exact and self.copy_outputs:
 
             def lower(candidate: ExportedProgram):
@@ -109,7 +105,7 @@ class DenseOutputsPass(ExportedProgramPassBase):
             changed = changed or bool(self.proof.strengthened)
         else:
             program, changed = transformed(program, EXECUTORCH, **options)
-        changed = bool(changed or pushdowns)
+        changed = bool(changed)
         return ExportedProgramPassResult(program if changed else exported_program, changed)
 
 
@@ -140,9 +136,9 @@ class ReplaceViewCopyWithViewPass:
         else:
             graph_module, signature = target, _all_outputs_are_the_users(target.graph)
             dialect = dialect_of_graph(target.graph)
-        with without_garbage_collection():
-            plan = make_plan(graph_module.graph, signature, dialect, STRIDEGUARD, copy_outputs=self.copy_outputs)
-            changed = apply_plan(graph_module.graph, plan, update_values=False)
+        changed = fix_graph_in_place(
+            graph_module.graph, signature, dialect, STRIDEGUARD, copy_outputs=self.copy_outputs, update_values=False
+        )
         if not changed:
             return PassResult(graph_module, False)
         graph_module.graph.lint()
@@ -214,6 +210,10 @@ def protect_partitioner(partitioner: Partitioner, *, copy_outputs: Optional[bool
     return _ProtectedPartitioner(partitioner, copy_outputs)
 
 
+def _in_partition(tag: str):
+    return lambda node: node.meta.get(_DELEGATION_TAG) == tag
+
+
 def move_strided_views_to_their_consumers(program: ExportedProgram, tags: list[str]) -> list[str]:
     """Retag each view copy that would leave its partition out of its layout into its one consuming partition.
 
@@ -223,18 +223,10 @@ def move_strided_views_to_their_consumers(program: ExportedProgram, tags: list[s
     graph = program.graph
     moved: list[str] = []
     for tag in tags:
-        conversion = plan_view_conversion(graph, EXECUTORCH, scope=lambda n, tag=tag: n.meta.get(_DELEGATION_TAG) == tag)
-        for node in [*conversion.targets, *conversion.later]:
-            group = [node] + [u for u in node.users if u.target is operator.getitem]
+        for group in view_copies_left_out_of_layout(graph, EXECUTORCH, _in_partition(tag)):
+            node = group[0]
             leaving = [u for member in group for u in member.users if u not in group]
             if not any(u.meta.get(_DELEGATION_TAG) != tag for u in leaving):
-                continue
-            out_of_layout = any(
-                layout.has_layout(g.shape, g.strides, promised_dim_order(member)) is not True
-                for member in group
-                if isinstance(g := conversion.geometry(member), Geometry)
-            )
-            if not out_of_layout:
                 continue
             consumers = {u.meta.get(_DELEGATION_TAG) for u in leaving if u.op != "output"}
             if len(consumers) != 1 or None in consumers or any(u.op == "output" for u in leaving):

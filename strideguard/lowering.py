@@ -24,7 +24,6 @@ user inputs' fake values, as ``AotiBackend.preprocess`` does.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
@@ -34,7 +33,6 @@ import torch
 from torch.export import ExportedProgram
 from torch._inductor.custom_graph_pass import CustomSchedulerPass
 from torch._inductor.utils import sympy_product
-from torch.utils import _pytree as pytree
 
 from . import layout
 

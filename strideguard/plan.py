@@ -313,6 +313,24 @@ def plan_view_conversion(
     return conversion
 
 
+def view_copies_left_out_of_layout(
+    graph: torch.fx.Graph, policy: ConversionPolicy, scope: Callable[[Node], bool]
+) -> list[tuple[Node, ...]]:
+    """Each view copy ``policy`` converts within ``scope`` (one partition) whose view, with its
+    ``getitem``s, would come back out of the layout its node promises: the node first, its chunks after."""
+    conversion = plan_view_conversion(graph, policy, scope=scope)
+    found = []
+    for node in [*conversion.targets, *conversion.later]:
+        group = (node, *[user for user in node.users if user.target is operator.getitem])
+        if any(
+            layout.has_layout(g.shape, g.strides, promised_dim_order(member)) is not True
+            for member in group
+            if isinstance(g := conversion.geometry(member), Geometry)
+        ):
+            found.append(group)
+    return found
+
+
 def _blocks_a_later_conversion(node: Node, conversion: ViewConversion) -> bool:
     """Whether making ``node`` a view would stop the backend's own view pass converting what it reads.
 

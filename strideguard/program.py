@@ -77,6 +77,15 @@ def copy_form_of(node: Any) -> Optional[str]:
     return custom.get(COPY_TAG) if isinstance(custom, dict) else None
 
 
+PUSHED_DOWN = "strideguard_pushdown"
+"""Key in a pushed node's ``meta["custom"]`` (kept by ``torch.export.save``): the pushdown that made it."""
+
+
+def was_pushed_down(graph: torch.fx.Graph) -> bool:
+    """Whether a pushdown made any of ``graph``'s nodes (its values may then differ by rounding)."""
+    return any(PUSHED_DOWN in node.meta.get("custom", {}) for node in graph.nodes)
+
+
 def output_copies(graph: torch.fx.Graph) -> list[Any]:
     """The last node of each copy strideguard inserted into ``graph`` (the node that is returned)."""
     return [
@@ -114,7 +123,12 @@ def copy_graph(program: ExportedProgram) -> torch.fx.Graph:
     the new nodes and their ``meta`` dicts never reach the original program.
     Every node keeps its name, which the program's signature refers to.
     """
-    return _keeping_names(program.graph, copy.deepcopy(program.graph))
+    return copy_of_graph(program.graph)
+
+
+def copy_of_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """``copy_graph`` for a bare graph."""
+    return _keeping_names(graph, copy.deepcopy(graph))
 
 
 def _keeping_names(original: torch.fx.Graph, copied: torch.fx.Graph) -> torch.fx.Graph:

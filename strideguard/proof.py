@@ -140,10 +140,10 @@ def fixed_and_proven(
     keeps_kernel_memory: bool = False,
     **options,
 ) -> tuple[ExportedProgram, int, Proof]:
-    """``transformed`` with its copies decided by Inductor's lowering of ``program`` (``lower``), then the loop
-    closed on the result with ``lower_fixed`` (by default ``lower``): the fixed program, the nodes the fix
-    changed, and its ``Proof``."""
-    fixed, changed = transformed(program, policy, lowering=lower(program), **options)
+    """``transformed`` with its copies decided by Inductor's lowering (``lower``) of the program planned on
+    (``program``, or its working copy with the pushdowns applied), then the loop closed on the result with
+    ``lower_fixed`` (by default ``lower``): the fixed program, the nodes the fix changed, and its ``Proof``."""
+    fixed, changed = transformed(program, policy, lower=lower, **options)
     fixed, proof = prove_layouts(fixed, lower_fixed or lower, keeps_kernel_memory=keeps_kernel_memory)
     return fixed, changed, proof
 

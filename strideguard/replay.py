@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch.fx import Node
 
-from .dialect import aten_op, is_view_op
+from .dialect import aten_op
 from .fake_values import call_on_fake_values, storage_key
 
 aten = torch.ops.aten

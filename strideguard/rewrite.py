@@ -1,19 +1,31 @@
 """One plan, one apply: what strideguard decides for a graph, and carrying it out.
 
-``make_plan`` reads a graph once: which view copies become views
+``make_plan`` reads a graph once: which returned pieces move into their
+producers (``strideguard.pushdown``), which view copies become views
 (``strideguard.plan``), the replay of every value under them, and the facts
 about each user output (``strideguard.analysis``), copied or not and why,
 optionally corrected by Inductor's lowering. The result is a frozen ``Plan``.
 ``apply_plan`` carries it out with the passes, one job each. ``inspect``
 reports a plan; ``densify_outputs``, ``prepare_for_aoti`` and the ExecuTorch
 passes apply one.
+
+Pushdowns come first and change what the rest is decided on: a pushed-down
+output is a fresh, smaller computation, whose view conversions, copies and
+lowering are those of the new nodes. So a plan that applies pushdowns is made
+for a working copy of the graph that carries them (``Plan.graph``); the graph
+handed to ``make_plan`` is never changed, and ``apply_plan`` carries out the
+rest of the plan on ``Plan.graph``.
+
+The public surface is ``__all__``: the integrations (``api``, ``executorch``,
+the CLI) use nothing else of the engine (``tests/test_architecture.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, Callable, Optional
 
 import torch
@@ -26,19 +38,42 @@ from .dialect import Dialect, dialect_of, promised_dim_order, verifier_accepts
 from .lowering import Lowering, executorch_view_pass, lower_edge_outputs, lower_outputs
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
 from .passes.insert_output_copies import insert_output_copies
+from .passes.push_cuts_into_producers import push_cuts_into_producers
 from .passes.view_copies_to_views import convert_views
 from .plan import EXECUTORCH, NO_CONVERSION, ConversionPolicy, ViewConversion, plan_view_conversion
-from .program import copy_graph, output_values, rebuild, user_outputs
-from .passes.push_cuts_into_producers import push_cuts_into_producers
+from .program import copy_graph, copy_of_graph, output_values, rebuild, signature_following_graph, user_outputs
 from .pushdown import Pushdown, plan_pushdowns
+
+__all__ = [
+    "Plan", "Pushdowns", "make_plan", "apply_plan", "program_plan", "transformed", "fix_graph_in_place",
+    "lower_as_compiled",
+]
+
+
+class Pushdowns(Enum):
+    """What a plan does with the returned pieces that could be computed from pieces of their producers."""
+
+    NONE = "none"
+    """Not looked for."""
+    DESCRIBED = "described"
+    """Found, and named in each output's facts (``OutputLayout.pushdown``); the graph is planned as it is."""
+    APPLIED = "applied"
+    """Found and applied to a working copy of the graph, for which the rest of the plan is made."""
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything decided for one graph: its dialect, the view conversions, and each user output's facts
-    (``action`` says whether it is copied, ``reason`` why)."""
+    """Everything decided for one graph: its dialect, the pushdowns, the view conversions, and each user
+    output's facts (``action`` says whether it is copied, ``reason`` why)."""
 
     dialect: Dialect
+    graph: torch.fx.Graph
+    """The graph the conversions and copies are planned on: the one handed to ``make_plan``, or, where
+    pushdowns were applied, a working copy carrying them."""
+    signature: ExportGraphSignature
+    """``graph``'s signature (it names the nodes ``graph`` returns)."""
+    pushdowns: tuple[Pushdown, ...]
+    """The pushdowns applied in ``graph`` (``Pushdowns.APPLIED``; those only described are in ``outputs``)."""
     conversion: ViewConversion
     outputs: tuple[OutputFacts, ...]
 
@@ -53,24 +88,30 @@ def make_plan(
     dialect: Dialect,
     policy: ConversionPolicy,
     *,
+    pushdowns: Pushdowns = Pushdowns.NONE,
     copy_outputs: bool = True,
     break_aliases: bool = False,
     accepts: Optional[Callable[[Any], bool]] = None,
-    lowering: Optional[Lowering] = None,
+    lower: Optional[Callable[[torch.fx.Graph, ExportGraphSignature], Lowering]] = None,
     backend: Optional[Backend] = None,
     rewritten: Optional[dict[str, str]] = None,
 ) -> Plan:
-    """Decide what to convert and copy in ``graph`` (nothing changes yet).
+    """Decide what to push down, convert and copy in ``graph`` (``graph`` itself never changes).
 
     An ATen graph has views already: replaying them only restores the storage
     sharing a program loaded with ``torch.export.load`` has lost. With
-    ``lowering`` (Inductor's lowering of the graph as converted), each output
-    is copied as it says rather than as the analysis does; with
-    ``copy_outputs=False``, none is. Without a lowering, an output that
+    ``lower`` (Inductor's lowering of the graph planned on, after any pushdown),
+    each output is copied as the lowering says rather than as the analysis does;
+    with ``copy_outputs=False``, none is. Without a lowering, an output that
     ``backend``'s own passes may re-lay (``rewritten``: the nodes they rewrite,
     by name) is copied in the form that holds whatever they do; with one, only
     where that backend's passes could not run.
     """
+    found = plan_pushdowns(graph) if pushdowns is not Pushdowns.NONE else ()
+    applied: tuple[Pushdown, ...] = ()
+    if found and pushdowns is Pushdowns.APPLIED:
+        graph, applied = _with_pushdowns_applied(graph, dialect)
+        signature = signature_following_graph(signature, graph)
     conversion = plan_view_conversion(graph, policy if dialect.is_edge else NO_CONVERSION, accepts=accepts)
     returned = output_values(graph)
     target_orders = {
@@ -78,6 +119,7 @@ def make_plan(
         for out in user_outputs(signature)
         if dialect.is_edge and isinstance(getattr(returned[out.position], "meta", {}).get("val"), torch.Tensor)
     }
+    lowering = lower(graph, signature) if lower is not None else None
     facts = analyze_outputs(
         graph,
         signature,
@@ -96,20 +138,58 @@ def make_plan(
         facts = left_to_backend(facts, graph, rewritten or {}, unavailable_note(backend))
     if not copy_outputs:
         facts = [fact.uncopied() for fact in facts]
-    return Plan(dialect, conversion, tuple(facts))
+    if pushdowns is Pushdowns.DESCRIBED:
+        facts = _with_pushdowns_described(facts, found)
+    return Plan(dialect, graph, signature, applied, conversion, tuple(facts))
 
 
-def apply_plan(graph: torch.fx.Graph, plan: Plan, *, update_values: bool = True) -> int:
-    """Carry ``plan`` out on ``graph`` in place: convert the views, copy the outputs, and retarget any
-    ``detach_copy`` left. Returns how many nodes were added or retargeted.
+def _with_pushdowns_applied(graph: torch.fx.Graph, dialect: Dialect) -> tuple[torch.fx.Graph, tuple[Pushdown, ...]]:
+    """A working copy of ``graph`` with every pushdown applied, and those pushdowns (their nodes the copy's)."""
+    working = copy_of_graph(graph)
+    found = plan_pushdowns(working)
+    push_cuts_into_producers(working, found, dialect)
+    return working, found
+
+
+def _with_pushdowns_described(facts: list[OutputFacts], found: tuple[Pushdown, ...]) -> list[OutputFacts]:
+    by_position = {pushdown.output: pushdown for pushdown in found}
+    described = []
+    for fact in facts:
+        pushdown = by_position.get(fact.output.position)
+        if pushdown is not None:
+            fact = replace(fact, layout=replace(fact.layout, pushdown=pushdown.description, flops_saved=pushdown.saved))
+        described.append(fact)
+    return described
+
+
+def apply_plan(plan: Plan, *, update_values: bool = True) -> int:
+    """Carry ``plan`` out on ``plan.graph`` in place: convert the views, copy the outputs, and retarget any
+    ``detach_copy`` left. Returns how many nodes were added or retargeted, counting each pushdown applied
+    (already, in the plan's working copy) as one.
 
     ``update_values=False`` keeps converted nodes' traced values (see ``convert_views``).
     """
-    changed = convert_views(plan.conversion, update_values=update_values)
-    changed += len(insert_output_copies(graph, plan.copies, plan.dialect, plan.conversion.value))
+    changed = len(plan.pushdowns) + convert_views(plan.conversion, update_values=update_values)
+    changed += len(insert_output_copies(plan.graph, plan.copies, plan.dialect, plan.conversion.value))
     if plan.dialect.is_edge:
-        changed += detach_copy_to_alias_copy(graph)
+        changed += detach_copy_to_alias_copy(plan.graph)
     return changed
+
+
+def fix_graph_in_place(
+    graph: torch.fx.Graph,
+    signature: ExportGraphSignature,
+    dialect: Dialect,
+    policy: ConversionPolicy,
+    *,
+    copy_outputs: bool = True,
+    update_values: bool = True,
+) -> int:
+    """Plan and apply on ``graph`` itself (no pushdown, which would need a working copy): for a pass that
+    rewrites the graph module it is handed, as ExecuTorch's passes do. Returns how many nodes changed."""
+    with without_garbage_collection():
+        plan = make_plan(graph, signature, dialect, policy, copy_outputs=copy_outputs)
+        return apply_plan(plan, update_values=update_values)
 
 
 def lower_as_compiled(
@@ -139,20 +219,41 @@ def lower_as_compiled(
     return lower_edge_outputs(program, convert_views=convert_then_executorch, backend=backend)
 
 
-def program_plan(program: ExportedProgram, policy: ConversionPolicy, **options) -> Plan:
-    """``make_plan`` for a whole program, asking its verifier before converting (Edge, careful policies)."""
+def program_plan(
+    program: ExportedProgram,
+    policy: ConversionPolicy,
+    *,
+    lower: Optional[Callable[[ExportedProgram], Lowering]] = None,
+    **options,
+) -> Plan:
+    """``make_plan`` for a whole program (never changed), asking its verifier before converting (Edge,
+    careful policies); ``lower`` lowers a program as the one it will be compiled into."""
+    return _plan(program, program.graph, policy, lower, options)
+
+
+def _plan(
+    program: ExportedProgram,
+    graph: torch.fx.Graph,
+    policy: ConversionPolicy,
+    lower: Optional[Callable[[ExportedProgram], Lowering]],
+    options: dict,
+) -> Plan:
+    """``make_plan`` on ``graph`` (``program``'s or a copy of it), with ``lower`` applied to the program
+    around the graph the plan is made for."""
     dialect = dialect_of(program)
     accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
-    options = _with_rewritten_ops(program, options)
-    return make_plan(program.graph, program.graph_signature, dialect, policy, accepts=accepts, **options)
+    if lower is None and options.get("backend") is not None and dialect.is_edge:
+        # Without a lowering, the nodes the backend's own passes rewrite are copied in a form that holds.
+        options = {**options, "rewritten": rewritten_ops(program, options["backend"])}
 
+    def lower_planned(planned: torch.fx.Graph, signature: ExportGraphSignature) -> Lowering:
+        # Planned on the graph as handed: the program itself is what will be compiled.
+        return lower(program if planned is graph else rebuild(program, planned))
 
-def _with_rewritten_ops(program: ExportedProgram, options: dict) -> dict:
-    """``options`` with the nodes the named backend's own passes rewrite, where no lowering runs them."""
-    backend = options.get("backend")
-    if backend is None or options.get("lowering") is not None or not dialect_of(program).is_edge:
-        return options
-    return {**options, "rewritten": rewritten_ops(program, backend)}
+    return make_plan(
+        graph, program.graph_signature, dialect, policy, accepts=accepts,
+        lower=lower_planned if lower is not None else None, **options,
+    )
 
 
 @contextlib.contextmanager
@@ -173,26 +274,18 @@ def without_garbage_collection():
             gc.enable()
 
 
-def pushed_down(program: ExportedProgram) -> tuple[ExportedProgram, tuple[Pushdown, ...]]:
-    """A new program in which every returned slice or select that can is computed from pieces of its
-    producers' inputs (``strideguard.pushdown``), and the pushdowns applied; ``program`` itself when none
-    applies. Weights are shared: a weight's piece is a slice in the graph."""
+def transformed(
+    program: ExportedProgram,
+    policy: ConversionPolicy,
+    *,
+    lower: Optional[Callable[[ExportedProgram], Lowering]] = None,
+    update_values: bool = True,
+    **options,
+) -> tuple[ExportedProgram, int]:
+    """A new program with its plan (``make_plan`` ``options``) applied, and how many nodes changed;
+    ``program`` itself, untouched, is never changed. Weights are shared, not copied: a weight's piece in a
+    pushdown is a slice in the graph."""
     with without_garbage_collection():
-        graph = copy_graph(program)
-        pushdowns = plan_pushdowns(graph)
-        if not pushdowns:
-            return program, ()
-        push_cuts_into_producers(graph, pushdowns, dialect_of(program))
-        return rebuild(program, graph), pushdowns
-
-
-def transformed(program: ExportedProgram, policy: ConversionPolicy, *, update_values: bool = True, **options) -> tuple[ExportedProgram, int]:
-    """A copy of ``program`` with its plan (``make_plan`` ``options``) applied, and how many nodes changed."""
-    dialect = dialect_of(program)
-    accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
-    options = _with_rewritten_ops(program, options)
-    with without_garbage_collection():
-        graph = copy_graph(program)
-        plan = make_plan(graph, program.graph_signature, dialect, policy, accepts=accepts, **options)
-        changed = apply_plan(graph, plan, update_values=update_values)
-        return rebuild(program, graph), changed
+        plan = _plan(program, copy_graph(program), policy, lower, options)
+        changed = apply_plan(plan, update_values=update_values)
+        return rebuild(program, plan.graph), changed

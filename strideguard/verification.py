@@ -22,8 +22,7 @@ from . import layout
 from .api import inspect
 from .dialect import dialect_of, target_dim_orders
 from .lowering import lower_outputs
-from .program import output_values, require_exported_program, user_outputs
-from .pushdown import was_pushed_down
+from .program import output_values, require_exported_program, user_outputs, was_pushed_down
 from .isolation import DEFAULT_SECONDS, Limits, run_isolated
 from .records import OutputCheck, VerifyReport, memory_group_peer
 

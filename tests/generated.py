@@ -1245,7 +1245,6 @@ def _check_compiled(specs: list[ProgramSpec], plain: Any, directory: str) -> Sam
     for batch in batches:
         inputs = combined_inputs(specs, batch)
         expected = run(program, inputs)
-        sizes = {}
         with torch.no_grad():
             got_plain, got_dense = _leaves(plain(*inputs)), _leaves(dense(*inputs))
         for i, (want, before, after, lowered) in enumerate(zip(expected, got_plain, got_dense, lowering.outputs)):
@@ -1308,7 +1307,7 @@ def unread_computations(graph: torch.fx.Graph) -> list[str]:
 
 def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> Sample:
     from strideguard.pushdown import graph_flops
-    from strideguard.rewrite import pushed_down
+    from strideguard.rewrite import Pushdowns, program_plan
 
     problems: list[tuple[int, str]] = []
     owners = _owners(specs)
@@ -1318,8 +1317,8 @@ def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> S
             part, j = owners[index]
             problems.append((part, f"pushdown: part {part} output {j} ({specs[part].outputs[j]}): {text}"))
 
-    only_pushed, pushdowns = pushed_down(program)
-    PUSHED_OUTPUTS.extend(pushdown.description for pushdown in pushdowns)
+    only_pushed = program_plan(program, STRIDEGUARD, pushdowns=Pushdowns.APPLIED, copy_outputs=False)
+    PUSHED_OUTPUTS.extend(pushdown.description for pushdown in only_pushed.pushdowns)
     before, after = graph_flops(program.graph), graph_flops(only_pushed.graph)
     if before is not None and after is not None and after > before:
         problems += [(part, f"pushdown raised the FLOPs from {before} to {after}") for part in range(len(specs))]

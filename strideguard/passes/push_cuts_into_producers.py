@@ -23,7 +23,8 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from .. import ops
 from ..dialect import Dialect, aten_op, narrow_call, select_call
 from ..fake_values import call_on_fake_values
-from ..pushdown import FULL, PUSHED_DOWN, Narrowing, Pushdown, checks_only_its_type, is_identity_dropout, passes_through
+from ..program import PUSHED_DOWN
+from ..pushdown import FULL, Narrowing, Pushdown, checks_only_its_type, is_identity_dropout, passes_through
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
 
