@@ -34,10 +34,10 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def programs() -> list[tuple[str, torch.export.ExportedProgram]]:
-    from tests import programs as test_programs, zoo
+    from tests import programs as test_programs, every_output
 
-    found = [("policy head", export_policy(batch=1)), ("41-output test zoo", test_programs.export_zoo())]
-    for model in zoo.MODELS + zoo.LOW_PRECISION:
+    found = [("policy head", export_policy(batch=1)), ("41-output test program", test_programs.export_every_output())]
+    for model in every_output.MODELS + every_output.LOW_PRECISION:
         if model.name in ("llama-prefill-b2", "llama-decode-b1", "t5", "vit", "unet", "llama-prefill-b2-bfloat16"):
             found.append((f"{model.name} (transformers/diffusers, small config)", model.export()))
     return found

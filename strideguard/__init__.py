@@ -7,7 +7,7 @@ compilation with the cheapest copies; ``verify`` compiles, runs and proves it.
 
 from .api import aoti_compile_and_package, densify_outputs, inspect, prepare_for_aoti
 from .proof import LayoutNotReached, Proof
-from .plan import EXECUTORCH, NO_CONVERSION, STRIDEGUARD, ConversionPolicy
+from .view_conversion import EXECUTORCH, NO_CONVERSION, STRIDEGUARD, ConversionPolicy
 from .records import (
     Action,
     Alias,

@@ -12,7 +12,7 @@ from torch.export import ExportedProgram
 from .analysis import OutputFacts, report
 from .backends import Backend, resolve_backend
 from .dialect import dialect_of
-from .plan import EXECUTORCH, STRIDEGUARD, ConversionPolicy
+from .view_conversion import EXECUTORCH, STRIDEGUARD, ConversionPolicy
 from .program import require_exported_program, require_flag
 from .records import LayoutReport
 from .lowering import ExternKernelMemory

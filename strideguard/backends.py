@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from torch.export import ExportedProgram
 
@@ -158,4 +158,19 @@ def unavailable_note(backend: Optional[Backend]) -> Optional[str]:
     if backend is None or backend.available:
         return None
     return f"{backend.name}'s own passes cannot run here: {backend.unavailable}"
+
+
+@dataclass(frozen=True)
+class BackendRewrites:
+    """What an AOTI backend's own pipeline does to a program, as far as the graph can tell without
+    Inductor: the nodes it rewrites, by name, with what rewrites each; or why it cannot run here."""
+
+    rewritten: Mapping[str, str]
+    unavailable: Optional[str]
+
+
+def backend_rewrites(program: ExportedProgram, backend: Optional[Backend]) -> Optional[BackendRewrites]:
+    if backend is None:
+        return None
+    return BackendRewrites(rewritten_ops(program, backend), unavailable_note(backend))
 

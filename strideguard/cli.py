@@ -427,7 +427,7 @@ def _print_verify(console: Console, program: Path, measured: VerifyReport) -> No
             str(check.storage_offset),
             _yes_no(check.dense),
             _yes_no(check.contiguous),
-            ", ".join(check.aliases) or "-",
+            ", ".join(map(str, check.aliases)) or "-",
             f"{check.max_abs_error:g}",
             _yes_no(check.match),
             _as_predicted(check),

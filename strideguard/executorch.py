@@ -29,14 +29,14 @@ import torch
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind as OutputSpecKind, OutputSpec, TensorArgument
 from torch.fx.passes.infra.pass_base import PassResult
 
 from .backends import resolve_backend
 from .proof import Proof, fixed_and_proven
 from .rewrite import Pushdowns, fix_graph_in_place, lower_as_compiled, transformed
 from .dialect import dialect_of, dialect_of_graph
-from .plan import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
+from .view_conversion import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
 from .program import lazy_graph_module, output_values, require_exported_program, require_flag, signature_following_graph
 
 COPY_OUTPUTS_BY_BACKEND = {"CudaBackend": True, "MetalBackend": False}
@@ -159,7 +159,7 @@ def _all_outputs_are_the_users(graph: torch.fx.Graph) -> ExportGraphSignature:
         for node in graph.find_nodes(op="placeholder")
     ]
     outputs = [
-        OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(value.name) if isinstance(value, torch.fx.Node) else None, None)
+        OutputSpec(OutputSpecKind.USER_OUTPUT, TensorArgument(value.name) if isinstance(value, torch.fx.Node) else None, None)
         for value in output_values(graph)
     ]
     return ExportGraphSignature(input_specs=inputs, output_specs=outputs)

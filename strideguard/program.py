@@ -20,7 +20,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.export.graph_signature import (
     ExportGraphSignature,
     InputKind,
-    OutputKind,
+    OutputKind as OutputSpecKind,
     OutputSpec,
     TensorArgument,
 )
@@ -106,7 +106,7 @@ class UserOutput:
 def user_outputs(signature: ExportGraphSignature) -> list[UserOutput]:
     found = []
     for position, spec in enumerate(signature.output_specs):
-        if spec.kind == OutputKind.USER_OUTPUT:
+        if spec.kind == OutputSpecKind.USER_OUTPUT:
             found.append(UserOutput(len(found), position, spec))
     return found
 

@@ -30,7 +30,7 @@ from .dialect import dialect_of, target_dim_orders
 from .lowering import Lowering, LoweredOutput
 from .passes.insert_output_copies import CopyForm, copied_source, insert_copy
 from .program import copy_form_of, copy_graph, output_values, rebuild, user_outputs
-from .plan import ConversionPolicy
+from .view_conversion import ConversionPolicy
 from .rewrite import transformed, without_garbage_collection
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,8 @@ class Alias:
     """Something an output shares memory with: an input, a weight or another output."""
 
     kind: AliasKind
-    name: str
+    name: str | int
+    """An input's or a weight's name, or another output's index."""
 
     def __str__(self) -> str:
         return f"{self.kind.value} {self.name}"
@@ -222,7 +223,7 @@ class OutputCheck:
 
     index: int
     name: Optional[str]
-    kind: str
+    kind: OutputKind
     match: bool
     shape: Optional[tuple] = None
     dtype: Optional[str] = None
@@ -232,7 +233,7 @@ class OutputCheck:
     dense: Optional[bool] = None
     target_dim_order: Optional[tuple] = None
     in_target_layout: Optional[bool] = None
-    aliases: tuple[str, ...] = ()
+    aliases: tuple[Alias, ...] = ()
     max_abs_error: Optional[float] = None
     predicted_strides: Optional[tuple] = None
     lowered_strides: Optional[tuple] = None
@@ -261,7 +262,8 @@ class OutputCheck:
         data = asdict(self)
         for key in ("shape", "strides", "target_dim_order", "predicted_strides", "lowered_strides", "eager_tolerance"):
             data[key] = list(data[key]) if data[key] is not None else None
-        data["aliases"] = list(self.aliases)
+        data["kind"] = self.kind.value
+        data["aliases"] = [str(a) for a in self.aliases]
         data["ok"] = self.ok
         data["as_predicted"] = self.as_predicted
         return data
@@ -307,7 +309,7 @@ class VerifyReport:
             if o.kind != "tensor":
                 lines.append(f"  [{o.index}] {o.name or o.kind}: {o.kind}, match={o.match}")
                 continue
-            alias = f", aliases {', '.join(o.aliases)}" if o.aliases else ""
+            alias = f", aliases {', '.join(map(str, o.aliases))}" if o.aliases else ""
             predicted = "" if o.as_predicted is not False else (
                 f", PREDICTED {list(o.predicted_strides or ())} LOWERED {list(o.lowered_strides or ())}"
             )

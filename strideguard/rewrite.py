@@ -2,7 +2,7 @@
 
 ``make_plan`` reads a graph once: which returned pieces move into their
 producers (``strideguard.pushdown``), which view copies become views
-(``strideguard.plan``), the replay of every value under them, and the facts
+(``strideguard.view_conversion``), the replay of every value under them, and the facts
 about each user output (``strideguard.analysis``), copied or not and why,
 optionally corrected by Inductor's lowering. The result is a frozen ``Plan``.
 ``apply_plan`` carries it out with the passes, one job each. ``inspect``
@@ -32,15 +32,16 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
-from .analysis import OutputFacts, analyze_outputs, break_shared_memory, exact_facts, left_to_backend
-from .backends import Backend, rewritten_ops, unavailable_note
+from .analysis import OutputFacts, analyze_outputs
+from .backends import Backend, BackendRewrites, backend_rewrites
 from .dialect import Dialect, dialect_of, promised_dim_order, verifier_accepts
 from .lowering import Lowering, executorch_view_pass, lower_edge_outputs, lower_outputs
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
 from .passes.insert_output_copies import insert_output_copies
-from .passes.push_cuts_into_producers import push_cuts_into_producers
+from .passes.push_pieces_into_producers import push_pieces_into_producers
 from .passes.view_copies_to_views import convert_views
-from .plan import EXECUTORCH, NO_CONVERSION, ConversionPolicy, ViewConversion, plan_view_conversion
+from .view_conversion import EXECUTORCH, NO_CONVERSION, ConversionPolicy, ViewConversion, plan_view_conversion
+from .revisions import break_shared_memory, exact_facts, left_to_backend
 from .program import copy_graph, copy_of_graph, output_values, rebuild, signature_following_graph, user_outputs
 from .pushdown import Pushdown, plan_pushdowns
 
@@ -93,8 +94,7 @@ def make_plan(
     break_aliases: bool = False,
     accepts: Optional[Callable[[Any], bool]] = None,
     lower: Optional[Callable[[torch.fx.Graph, ExportGraphSignature], Lowering]] = None,
-    backend: Optional[Backend] = None,
-    rewritten: Optional[dict[str, str]] = None,
+    rewrites: Optional[BackendRewrites] = None,
 ) -> Plan:
     """Decide what to push down, convert and copy in ``graph`` (``graph`` itself never changes).
 
@@ -103,9 +103,9 @@ def make_plan(
     ``lower`` (Inductor's lowering of the graph planned on, after any pushdown),
     each output is copied as the lowering says rather than as the analysis does;
     with ``copy_outputs=False``, none is. Without a lowering, an output that
-    ``backend``'s own passes may re-lay (``rewritten``: the nodes they rewrite,
-    by name) is copied in the form that holds whatever they do; with one, only
-    where that backend's passes could not run.
+    an AOTI backend's own passes may re-lay (``rewrites``: the nodes they
+    rewrite, or why they cannot run here) is copied in the form that holds
+    whatever they do; with one, only where that backend's passes could not run.
     """
     found = plan_pushdowns(graph) if pushdowns is not Pushdowns.NONE else ()
     applied: tuple[Pushdown, ...] = ()
@@ -127,15 +127,15 @@ def make_plan(
         op_of=conversion.op_of,
         target_orders=target_orders,
         relaid=conversion.relaid(),
-        break_aliases=break_aliases and lowering is None,
     )
     if lowering is not None:
         facts = exact_facts(facts, lowering)
-        if break_aliases:
-            facts = break_shared_memory(facts)
+    if break_aliases:
+        facts = break_shared_memory(facts)
+    if lowering is not None:
         facts = left_to_backend(facts, graph, {}, lowering.unavailable)
-    elif backend is not None:
-        facts = left_to_backend(facts, graph, rewritten or {}, unavailable_note(backend))
+    elif rewrites is not None:
+        facts = left_to_backend(facts, graph, rewrites.rewritten, rewrites.unavailable)
     if not copy_outputs:
         facts = [fact.uncopied() for fact in facts]
     if pushdowns is Pushdowns.DESCRIBED:
@@ -147,7 +147,7 @@ def _with_pushdowns_applied(graph: torch.fx.Graph, dialect: Dialect) -> tuple[to
     """A working copy of ``graph`` with every pushdown applied, and those pushdowns (their nodes the copy's)."""
     working = copy_of_graph(graph)
     found = plan_pushdowns(working)
-    push_cuts_into_producers(working, found, dialect)
+    push_pieces_into_producers(working, found, dialect)
     return working, found
 
 
@@ -242,9 +242,11 @@ def _plan(
     around the graph the plan is made for."""
     dialect = dialect_of(program)
     accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
-    if lower is None and options.get("backend") is not None and dialect.is_edge:
+    options = dict(options)
+    backend = options.pop("backend", None)
+    if lower is None and dialect.is_edge:
         # Without a lowering, the nodes the backend's own passes rewrite are copied in a form that holds.
-        options = {**options, "rewritten": rewritten_ops(program, options["backend"])}
+        options["rewrites"] = backend_rewrites(program, backend)
 
     def lower_planned(planned: torch.fx.Graph, signature: ExportGraphSignature) -> Lowering:
         # Planned on the graph as handed: the program itself is what will be compiled.

@@ -24,7 +24,7 @@ from .dialect import dialect_of, target_dim_orders
 from .lowering import lower_outputs
 from .program import output_values, require_exported_program, user_outputs, was_pushed_down
 from .isolation import DEFAULT_SECONDS, Limits, run_isolated
-from .records import OutputCheck, VerifyReport, memory_group_peer
+from .records import Alias, AliasKind, OutputCheck, OutputKind, VerifyReport, memory_group_peer
 
 
 DEVICES = ("cpu", "cuda")
@@ -338,7 +338,7 @@ def _check_outputs(
     if len(names) != len(leaves):
         names = [str(i) for i in range(len(leaves))]
     input_storages = {
-        t.untyped_storage().data_ptr(): f"input {name}"
+        t.untyped_storage().data_ptr(): Alias(AliasKind.INPUT, name)
         for name, t in zip(names, leaves)
         if isinstance(t, torch.Tensor) and t.numel()
     }
@@ -364,6 +364,9 @@ def _check_outputs(
     )
 
 
+_NON_TENSOR_KINDS = {type(None): OutputKind.NONE, bool: OutputKind.BOOL, int: OutputKind.INT, float: OutputKind.FLOAT}
+
+
 def _check_one(
     out, value, reference, input_storages, output_storages, *, target_order, predicted, lowered,
     tolerance: Optional[tuple[float, float]] = None,
@@ -373,7 +376,7 @@ def _check_one(
     name = getattr(out.spec.arg, "name", None)
     if not isinstance(reference, torch.Tensor):
         # AOTInductor hands back an int or float output as a 0-dim tensor.
-        kind = "none" if reference is None else type(reference).__name__
+        kind = _NON_TENSOR_KINDS.get(type(reference), OutputKind.OTHER)
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
         return OutputCheck(index=out.index, name=name, kind=kind, match=value == reference)
@@ -383,7 +386,7 @@ def _check_one(
         pointer = value.untyped_storage().data_ptr()
         if pointer in input_storages:
             aliases.append(input_storages[pointer])
-        aliases += [f"output {i}" for i in memory_group_peer(output_storages.get(pointer, ()), out.index)]
+        aliases += [Alias(AliasKind.OUTPUT, i) for i in memory_group_peer(output_storages.get(pointer, ()), out.index)]
     reference = reference.to(value.device)
     if not (value.is_floating_point() or value.is_complex()):
         tolerance = None
@@ -397,7 +400,7 @@ def _check_one(
     return OutputCheck(
         index=out.index,
         name=name,
-        kind="tensor",
+        kind=OutputKind.TENSOR,
         shape=shape,
         dtype=str(value.dtype).removeprefix("torch."),
         strides=strides,

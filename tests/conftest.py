@@ -48,31 +48,31 @@ def _compile(program, directory, name) -> Compiled:
 
 
 @pytest.fixture(scope="session")
-def zoo():
-    return programs.export_zoo()
+def every_output():
+    return programs.export_every_output()
 
 
 @pytest.fixture(scope="session")
 @tiers.needs("compiles")
-def zoo_compiled(zoo, compile_dir):
-    return _compile(zoo, compile_dir, "zoo")
+def every_output_compiled(every_output, compile_dir):
+    return _compile(every_output, compile_dir, "every-output")
 
 
 @pytest.fixture(scope="session")
-def zoo_fixed(zoo):
-    return strideguard.densify_outputs(zoo)
-
-
-@pytest.fixture(scope="session")
-@tiers.needs("compiles")
-def zoo_fixed_compiled(zoo_fixed, compile_dir):
-    return _compile(zoo_fixed, compile_dir, "zoo-fixed")
+def every_output_fixed(every_output):
+    return strideguard.densify_outputs(every_output)
 
 
 @pytest.fixture(scope="session")
 @tiers.needs("compiles")
-def zoo_unaliased_compiled(zoo, compile_dir):
-    return _compile(strideguard.densify_outputs(zoo, break_aliases=True), compile_dir, "zoo-unaliased")
+def every_output_fixed_compiled(every_output_fixed, compile_dir):
+    return _compile(every_output_fixed, compile_dir, "every-output-fixed")
+
+
+@pytest.fixture(scope="session")
+@tiers.needs("compiles")
+def every_output_unaliased_compiled(every_output, compile_dir):
+    return _compile(strideguard.densify_outputs(every_output, break_aliases=True), compile_dir, "every-output-unaliased")
 
 
 def run_compiled(compiled: Compiled, inputs) -> list:

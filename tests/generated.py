@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.export import Dim, ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
+from torch.export.graph_signature import InputKind, OutputKind as OutputSpecKind, TensorArgument
 from torch.utils import _pytree as pytree
 
 import strideguard
@@ -43,7 +43,7 @@ from strideguard import Action, layout
 from strideguard.rewrite import lower_as_compiled
 from strideguard.dialect import copy_call, dialect_of, target_dim_orders
 from strideguard.lowering import lower_edge_outputs, lower_outputs
-from strideguard.plan import STRIDEGUARD
+from strideguard.view_conversion import STRIDEGUARD
 from strideguard.passes.insert_output_copies import copied_source
 from strideguard.program import copy_form_of
 from strideguard.dialect import is_involution
@@ -825,7 +825,7 @@ def _strides(value: Any) -> Any:
 def user_output_nodes(program: ExportedProgram) -> list[Any]:
     returned = list(program.graph.output_node().args[0])
     specs = program.graph_signature.output_specs
-    return [returned[i] for i, s in enumerate(specs) if s.kind == OutputKind.USER_OUTPUT]
+    return [returned[i] for i, s in enumerate(specs) if s.kind == OutputSpecKind.USER_OUTPUT]
 
 
 def _describe(report, index: int) -> str:

@@ -7,7 +7,7 @@ from torch import nn
 from torch.export import Dim
 
 
-class Zoo(nn.Module):
+class EveryOutput(nn.Module):
     """One method returning every kind of output the core issue lists."""
 
     def __init__(self):
@@ -64,7 +64,7 @@ class Zoo(nn.Module):
         }
 
 
-def zoo_inputs(batch: int = 2):
+def every_output_inputs(batch: int = 2):
     torch.manual_seed(batch)
     return (
         torch.randn(batch, 3, 16),
@@ -76,8 +76,8 @@ def zoo_inputs(batch: int = 2):
     )
 
 
-class ZooWithTwins(Zoo):
-    """The zoo plus one tensor returned twice and two views of one base, as a tuple."""
+class EveryOutputWithTwins(EveryOutput):
+    """The every-output program plus one tensor returned twice and two views of one base, as a tuple."""
 
     def forward(self, x, flags, ids, half, bf, cplx):
         outputs = super().forward(x, flags, ids, half, bf, cplx)
@@ -85,11 +85,11 @@ class ZooWithTwins(Zoo):
         return (*outputs.values(), base, base[:, :8], base[:, 8:])
 
 
-def export_zoo():
+def export_every_output():
     torch.manual_seed(0)
     batch = Dim("batch", min=2, max=64)
     dynamic = ({0: batch}, None, None, None, None, None)
-    program = torch.export.export(ZooWithTwins().eval(), zoo_inputs(2), dynamic_shapes=dynamic)
+    program = torch.export.export(EveryOutputWithTwins().eval(), every_output_inputs(2), dynamic_shapes=dynamic)
     # The functional form, where the buffer's in-place update becomes a mutation output.
     return program.run_decompositions({})
 

@@ -9,7 +9,7 @@ import sympy
 import torch
 
 import strideguard
-from strideguard import Action, AliasKind, Reason
+from strideguard import Action, Alias, AliasKind, Reason
 from strideguard.dialect import is_involution
 from strideguard.layout import has_layout
 from strideguard.passes.insert_output_copies import copied_source
@@ -19,11 +19,11 @@ from strideguard.verification import check_compiled
 from . import programs
 from .conftest import run_compiled, run_eager
 
-ZOO_NAMES = list(programs.Zoo()(*programs.zoo_inputs()).keys()) + ["twice_b", "half_0", "half_1"]
+OUTPUT_NAMES = list(programs.EveryOutput()(*programs.every_output_inputs()).keys()) + ["twice_b", "half_0", "half_1"]
 
 
 def index(name: str) -> int:
-    return ZOO_NAMES.index(name)
+    return OUTPUT_NAMES.index(name)
 
 
 def is_tensor_output(layout) -> bool:
@@ -43,22 +43,22 @@ def concrete(values, batch: int) -> tuple:
     )
 
 
-def test_inspect_predicts_the_strides_aotinductor_returns(zoo, zoo_compiled):
-    report = strideguard.inspect(zoo)
-    compiled = run_compiled(zoo_compiled, programs.zoo_inputs(2))
-    assert len(report.outputs) == len(ZOO_NAMES) == len(compiled)
+def test_inspect_predicts_the_strides_aotinductor_returns(every_output, every_output_compiled):
+    report = strideguard.inspect(every_output)
+    compiled = run_compiled(every_output_compiled, programs.every_output_inputs(2))
+    assert len(report.outputs) == len(OUTPUT_NAMES) == len(compiled)
     for layout, value in zip(report.outputs, compiled):
         if not is_tensor_output(layout):
             continue
-        assert concrete(layout.shape, 2) == tuple(value.shape), ZOO_NAMES[layout.index]
+        assert concrete(layout.shape, 2) == tuple(value.shape), OUTPUT_NAMES[layout.index]
         if value.numel() > 1:
-            assert concrete(layout.strides, 2) == value.stride(), ZOO_NAMES[layout.index]
-        assert layout.contiguous == value.is_contiguous(), ZOO_NAMES[layout.index]
+            assert concrete(layout.strides, 2) == value.stride(), OUTPUT_NAMES[layout.index]
+        assert layout.contiguous == value.is_contiguous(), OUTPUT_NAMES[layout.index]
 
 
-def test_a_copy_is_planned_exactly_where_aotinductor_returns_non_contiguous(zoo, zoo_compiled):
-    report = strideguard.inspect(zoo)
-    compiled = run_compiled(zoo_compiled, programs.zoo_inputs(2))
+def test_a_copy_is_planned_exactly_where_aotinductor_returns_non_contiguous(every_output, every_output_compiled):
+    report = strideguard.inspect(every_output)
+    compiled = run_compiled(every_output_compiled, programs.every_output_inputs(2))
     planned = {o.index for o in report.outputs if o.action is Action.COPY}
     measured = {i for i, v in enumerate(compiled) if isinstance(v, torch.Tensor) and not in_exact_layout(v)}
     assert planned == measured
@@ -68,15 +68,15 @@ def test_a_copy_is_planned_exactly_where_aotinductor_returns_non_contiguous(zoo,
         assert report.outputs[index(name)].action is Action.NONE, name
 
 
-def test_unfixed_program_really_returns_strided_outputs(zoo, zoo_compiled):
-    compiled = run_compiled(zoo_compiled, programs.zoo_inputs(2))
+def test_unfixed_program_really_returns_strided_outputs(every_output, every_output_compiled):
+    compiled = run_compiled(every_output_compiled, programs.every_output_inputs(2))
     assert compiled[index("slice_last")].stride() == (48, 16, 1)
     assert compiled[index("split_1")].storage_offset() == 10
     assert compiled[index("transpose")].stride() == (48, 1, 16)
 
 
-def test_causes_name_the_view_chain(zoo):
-    report = strideguard.inspect(zoo)
+def test_causes_name_the_view_chain(every_output):
+    report = strideguard.inspect(every_output)
     assert report.outputs[index("slice_last")].cause == "slice(dim=2, 0:14) of linear"
     assert report.outputs[index("split_1")].cause == "chunk 1 of split_with_sizes([10, 6], dim=-1) of linear"
     assert report.outputs[index("unsqueeze_strided")].cause == "unsqueeze(1) of slice(dim=2, 0:4) of linear"
@@ -84,8 +84,8 @@ def test_causes_name_the_view_chain(zoo):
     assert report.outputs[index("input_slice")].view_of == "input x"
 
 
-def test_aliases_are_reported(zoo):
-    report = strideguard.inspect(zoo)
+def test_aliases_are_reported(every_output):
+    report = strideguard.inspect(every_output)
     aliases = {o.index: {(a.kind, a.name) for a in o.aliases} for o in report.outputs}
     assert (AliasKind.INPUT, "x") in aliases[index("input")]
     assert (AliasKind.INPUT, "x") in aliases[index("input_slice")]
@@ -93,27 +93,27 @@ def test_aliases_are_reported(zoo):
     assert (AliasKind.PARAMETER, "lin.weight") in aliases[index("weight_t")]
     # Outputs sharing one memory form a group: each names the group's first, the first names the second.
     group = [index("twice_a"), index("twice_b"), index("half_0"), index("half_1")]
-    assert aliases[group[0]] == {(AliasKind.OUTPUT, str(group[1]))}
+    assert aliases[group[0]] == {(AliasKind.OUTPUT, group[1])}
     for member in group[1:]:
-        assert aliases[member] == {(AliasKind.OUTPUT, str(group[0]))}
+        assert aliases[member] == {(AliasKind.OUTPUT, group[0])}
     assert aliases[index("reshape_copies")] == set()
 
 
-def test_densify_inserts_one_copy_per_flagged_output_and_nothing_else(zoo, zoo_fixed):
-    report = strideguard.inspect(zoo)
+def test_densify_inserts_one_copy_per_flagged_output_and_nothing_else(every_output, every_output_fixed):
+    report = strideguard.inspect(every_output)
     flagged = [o.index for o in report.outputs if o.action is Action.COPY]
-    before = [n for n in zoo.graph.nodes]
-    after = [n for n in zoo_fixed.graph.nodes]
+    before = [n for n in every_output.graph.nodes]
+    after = [n for n in every_output_fixed.graph.nodes]
     new_nodes = [n for n in after if n.name not in {b.name for b in before}]
-    copies = output_copies(zoo_fixed.graph)
+    copies = output_copies(every_output_fixed.graph)
     assert len(copies) == len(flagged)
     assert set(new_nodes) == {n for copy in copies for n in (copy, copy.args[0], copy.args[0].args[0])}
     clones = [copy.args[0].args[0] for copy in copies]
     assert all(n.target is torch.ops.aten.clone.default for n in clones)
     assert all(n.kwargs["memory_format"] == torch.contiguous_format for n in clones)
     assert all(is_involution(n.target) for n in new_nodes if n not in clones)
-    returned = list(zoo_fixed.graph.output_node().args[0])
-    user = [s for s in zoo_fixed.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
+    returned = list(every_output_fixed.graph.output_node().args[0])
+    user = [s for s in every_output_fixed.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
     for i in flagged:
         spec = user[i]
         node = next(n for n in copies if n.name == spec.arg.name)
@@ -123,37 +123,37 @@ def test_densify_inserts_one_copy_per_flagged_output_and_nothing_else(zoo, zoo_f
         value = node.meta["val"]
         assert tuple(value.shape) == tuple(source.meta["val"].shape)
         assert value.is_contiguous() and value.dtype == source.meta["val"].dtype
-    assert strideguard.inspect(zoo_fixed).ok
-    zoo_fixed.validate()
+    assert strideguard.inspect(every_output_fixed).ok
+    every_output_fixed.validate()
 
 
-def test_input_program_is_untouched_and_weights_are_shared(zoo, zoo_fixed):
-    fresh = programs.export_zoo()
-    assert str(zoo.graph) == str(fresh.graph)
+def test_input_program_is_untouched_and_weights_are_shared(every_output, every_output_fixed):
+    fresh = programs.export_every_output()
+    assert str(every_output.graph) == str(fresh.graph)
 
     def shapes(program):
         return [str(getattr(n.meta.get("val"), "shape", None)) for n in program.graph.nodes]
 
     # Symbolic sizes stay symbolic: no pass may specialize the program's shape environment.
-    assert shapes(zoo) == shapes(fresh) and any(re.search(r"\bs\d+", s) for s in shapes(zoo))
-    assert zoo.graph_signature == fresh.graph_signature
-    for name, tensor in zoo.state_dict.items():
-        assert zoo_fixed.state_dict[name] is tensor
-    for name, value in zoo.constants.items():
-        assert zoo_fixed.constants[name] is value
+    assert shapes(every_output) == shapes(fresh) and any(re.search(r"\bs\d+", s) for s in shapes(every_output))
+    assert every_output.graph_signature == fresh.graph_signature
+    for name, tensor in every_output.state_dict.items():
+        assert every_output_fixed.state_dict[name] is tensor
+    for name, value in every_output.constants.items():
+        assert every_output_fixed.constants[name] is value
 
 
-def test_buffer_mutation_output_is_left_alone(zoo, zoo_fixed):
+def test_buffer_mutation_output_is_left_alone(every_output, every_output_fixed):
     def mutation_specs(program):
         return [(s.kind, s.arg.name, s.target) for s in program.graph_signature.output_specs if s.kind.name == "BUFFER_MUTATION"]
 
-    assert mutation_specs(zoo_fixed) == mutation_specs(zoo) != []
+    assert mutation_specs(every_output_fixed) == mutation_specs(every_output) != []
 
 
-def test_fixed_program_is_bitwise_equal_eagerly(zoo, zoo_fixed):
+def test_fixed_program_is_bitwise_equal_eagerly(every_output, every_output_fixed):
     for batch in (2, 5):
-        inputs = programs.zoo_inputs(batch)
-        for original, fixed in zip(run_eager(zoo, inputs), run_eager(zoo_fixed, inputs)):
+        inputs = programs.every_output_inputs(batch)
+        for original, fixed in zip(run_eager(every_output, inputs), run_eager(every_output_fixed, inputs)):
             if isinstance(original, torch.Tensor):
                 assert torch.equal(original, fixed) or (original.numel() == 0 and fixed.numel() == 0)
             else:
@@ -161,54 +161,54 @@ def test_fixed_program_is_bitwise_equal_eagerly(zoo, zoo_fixed):
 
 
 @pytest.mark.parametrize("batch", [2, 5])
-def test_fixed_program_compiled_returns_every_output_dense_and_equal(zoo, zoo_compiled, zoo_fixed_compiled, batch):
-    inputs = programs.zoo_inputs(batch)
-    unfixed = run_compiled(zoo_compiled, inputs)
-    fixed = run_compiled(zoo_fixed_compiled, inputs)
+def test_fixed_program_compiled_returns_every_output_dense_and_equal(every_output, every_output_compiled, every_output_fixed_compiled, batch):
+    inputs = programs.every_output_inputs(batch)
+    unfixed = run_compiled(every_output_compiled, inputs)
+    fixed = run_compiled(every_output_fixed_compiled, inputs)
     for i, (a, b) in enumerate(zip(unfixed, fixed)):
         if isinstance(b, torch.Tensor):
-            assert in_exact_layout(b), ZOO_NAMES[i]
-            assert torch.equal(a, b), ZOO_NAMES[i]
-    report = check_compiled(zoo_fixed_compiled.program, zoo_fixed_compiled.run, inputs)
+            assert in_exact_layout(b), OUTPUT_NAMES[i]
+            assert torch.equal(a, b), OUTPUT_NAMES[i]
+    report = check_compiled(every_output_fixed_compiled.program, every_output_fixed_compiled.run, inputs)
     assert report.ok, str(report)
 
 
-def test_verify_reports_strided_outputs_of_the_unfixed_program(zoo, zoo_compiled):
-    report = check_compiled(zoo, zoo_compiled.run, programs.zoo_inputs(2), more_inputs=[programs.zoo_inputs(7)])
+def test_verify_reports_strided_outputs_of_the_unfixed_program(every_output, every_output_compiled):
+    report = check_compiled(every_output, every_output_compiled.run, programs.every_output_inputs(2), more_inputs=[programs.every_output_inputs(7)])
     assert not report.ok
     assert all(o.match for o in report.outputs)
     assert not report.outputs[index("slice_last")].in_target_layout
-    assert "input x" in report.outputs[index("input")].aliases
-    assert f"output {index('twice_b')}" in report.outputs[index("twice_a")].aliases
+    assert Alias(AliasKind.INPUT, "x") in report.outputs[index("input")].aliases
+    assert Alias(AliasKind.OUTPUT, index("twice_b")) in report.outputs[index("twice_a")].aliases
     assert report.runs and all(o.match for o in report.runs[0][1])
 
 
-def test_break_aliases_gives_every_output_its_own_memory(zoo, zoo_unaliased_compiled):
-    inputs = programs.zoo_inputs(3)
-    outputs = run_compiled(zoo_unaliased_compiled, inputs)
+def test_break_aliases_gives_every_output_its_own_memory(every_output, every_output_unaliased_compiled):
+    inputs = programs.every_output_inputs(3)
+    outputs = run_compiled(every_output_unaliased_compiled, inputs)
     input_storages = {t.untyped_storage().data_ptr() for t in inputs}
     seen = set()
     for i, value in enumerate(outputs):
         if not isinstance(value, torch.Tensor) or value.numel() == 0:
             continue
         pointer = value.untyped_storage().data_ptr()
-        assert pointer not in input_storages, ZOO_NAMES[i]
-        assert pointer not in seen, ZOO_NAMES[i]
+        assert pointer not in input_storages, OUTPUT_NAMES[i]
+        assert pointer not in seen, OUTPUT_NAMES[i]
         assert value.is_contiguous()
         seen.add(pointer)
-    for a, b in zip(outputs, run_eager(zoo, inputs)):
+    for a, b in zip(outputs, run_eager(every_output, inputs)):
         if isinstance(b, torch.Tensor):
             assert torch.equal(a, b)
 
 
-def test_break_aliases_copies_only_outputs_that_still_share(zoo):
+def test_break_aliases_copies_only_outputs_that_still_share(every_output):
     """The copies ``break_aliases`` adds, counted from what the densified program returns when run eagerly
     (not from ``inspect``): one for each non-empty output sharing memory with an input or a weight, and
     one for each output but the first in a group sharing memory with each other."""
-    fixed = strideguard.densify_outputs(zoo)
-    unaliased = strideguard.densify_outputs(zoo, break_aliases=True)
+    fixed = strideguard.densify_outputs(every_output)
+    unaliased = strideguard.densify_outputs(every_output, break_aliases=True)
     added = len(output_copies(unaliased.graph)) - len(output_copies(fixed.graph))
-    inputs = programs.zoo_inputs(3)
+    inputs = programs.every_output_inputs(3)
     held = [*inputs, *fixed.state_dict.values(), *fixed.constants.values()]
     outside = {t.untyped_storage().data_ptr() for t in held if isinstance(t, torch.Tensor)}
     groups: dict[int, int] = {}

@@ -151,7 +151,7 @@ def test_matmul_which_export_decomposes_is_pushed_through_in_a_graph_that_keeps_
     """``torch.export`` turns ``matmul`` into ``mm``/``bmm``, but a graph built by a tool that keeps
     composite ops can hold it: the rule narrows the rows of the first operand."""
     from strideguard.dialect import Dialect
-    from strideguard.passes.push_cuts_into_producers import push_cuts_into_producers
+    from strideguard.passes.push_pieces_into_producers import push_pieces_into_producers
 
     a, b = torch.randn(3, 4, 5), torch.randn(5, 6)
     graph = torch.fx.Graph()
@@ -164,7 +164,7 @@ def test_matmul_which_export_decomposes_is_pushed_through_in_a_graph_that_keeps_
     graph.output((last,))
     want = torch.fx.GraphModule(nn.Module(), graph)(a, b)[0]
     (pushdown,) = plan_pushdowns(graph)
-    push_cuts_into_producers(graph, [pushdown], Dialect.ATEN)
+    push_pieces_into_producers(graph, [pushdown], Dialect.ATEN)
     (matmul,) = [n for n in graph.nodes if n.target is aten.matmul.default]
     assert tuple(matmul.meta["val"].shape) == (3, 1, 6)
     torch.testing.assert_close(torch.fx.GraphModule(nn.Module(), graph)(a, b)[0], want)

@@ -1,4 +1,4 @@
-"""Turn the view copies a plan chose (``strideguard.plan``) back into views.
+"""Turn the view copies a plan chose (``strideguard.view_conversion``) back into views.
 
 ExecuTorch's ``to_edge`` makes every view a fresh copy; turning one back into
 a view lets Inductor treat it as free. Which ones is the plan's decision; this
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 
-from ..plan import ViewConversion
+from ..view_conversion import ViewConversion
 
 
 def convert_views(conversion: ViewConversion, *, update_values: bool = True) -> int:

@@ -19,12 +19,12 @@ attention over keys, a value with other users, an op not known to commute),
 the narrowing is taken as a slice of that value, in the graph: a weight is
 never copied into a new parameter.
 
-``strideguard.passes.push_cuts_into_producers`` applies the plan; the costs
+``strideguard.passes.push_pieces_into_producers`` applies the plan; the costs
 are counted in ``flops``: torch's own counter for GEMMs and convolutions
 (``2·M·N·K`` for a GEMM), any other op as one per output element, a view as
 nothing.
 
-One module per job: ``cuts`` recognises a returned piece, ``rules`` says how
+One module per job: ``pieces`` recognises a returned piece, ``rules`` says how
 each op commutes with a narrowing, ``regions`` walks from the cut into the
 producers, ``flops`` weighs the result, and ``nodes`` reads what they share
 off a node.
@@ -32,13 +32,13 @@ off a node.
 
 from __future__ import annotations
 
-from .cuts import FULL, Narrowing, ReturnedCut, returned_cut
+from .pieces import FULL, Narrowing, ReturnedPiece, returned_piece
 from .flops import flops, graph_flops
 from .nodes import checks_only_its_type
 from .regions import Pushdown, plan_pushdown, plan_pushdowns
 from .rules import is_identity_dropout, passes_through, rule_for
 
 __all__ = [
-    "FULL", "Narrowing", "ReturnedCut", "returned_cut", "flops", "graph_flops", "checks_only_its_type", "Pushdown",
+    "FULL", "Narrowing", "ReturnedPiece", "returned_piece", "flops", "graph_flops", "checks_only_its_type", "Pushdown",
     "plan_pushdown", "plan_pushdowns", "is_identity_dropout", "passes_through", "rule_for",
 ]

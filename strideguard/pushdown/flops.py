@@ -20,7 +20,7 @@ from torch.utils.flop_counter import flop_registry
 
 from .. import ops
 from ..dialect import aten_op
-from .cuts import FULL, Narrowing
+from .pieces import FULL, Narrowing
 from .nodes import computes, value_of
 
 aten = torch.ops.aten

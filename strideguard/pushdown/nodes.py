@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import torch
 from torch.fx import Node
+from torch.fx.operator_schemas import normalize_function
 
 from ..dialect import aten_op, op_name
 
@@ -35,18 +36,10 @@ def tensor_of(node: Any) -> Optional[torch.Tensor]:
 
 
 def arguments_of(node: Node) -> dict[str, Any]:
-    """``node``'s arguments by name, defaults filled in."""
-    op = aten_op(node.target)
-    schema = op._schema
-    named = {}
-    for position, argument in enumerate(schema.arguments):
-        if position < len(node.args):
-            named[argument.name] = node.args[position]
-        elif argument.name in node.kwargs:
-            named[argument.name] = node.kwargs[argument.name]
-        elif argument.has_default_value():
-            named[argument.name] = argument.default_value
-    return named
+    """``node``'s arguments by name, defaults filled in, by torch's own normalisation (which names an op's
+    ``self`` ``input``); empty where torch cannot name them, which no rule takes for an answer."""
+    normalized = normalize_function(aten_op(node.target), node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    return normalized.kwargs if normalized is not None else {}
 
 
 def slice_bounds(arguments: dict, size: Optional[int]) -> Optional[tuple[int, int, int]]:
@@ -68,7 +61,7 @@ def checks_only_its_type(node: Node) -> bool:
     if aten_op(node.target) is not aten._assert_tensor_metadata.default:
         return False
     arguments = arguments_of(node)
-    return arguments.get("size") is None and arguments.get("stride") is None
+    return bool(arguments) and arguments.get("size") is None and arguments.get("stride") is None
 
 
 def computes(node: Node) -> bool:

@@ -1,9 +1,9 @@
-"""The region walk: from a returned cut, how far its narrowing moves into the producers.
+"""The region walk: from a returned piece, how far its narrowing moves into the producers.
 
 A demand (a ``Narrowing`` of a value's output) moves from each node to its inputs through the ops the
 rules know, latest node first. A node joins the region only when every one of its users is in the
 region and wants the same narrowing of it: a value that also feeds something else is computed in full
-anyway. The result is a ``Pushdown`` record; ``strideguard.passes.push_cuts_into_producers`` applies it."""
+anyway. The result is a ``Pushdown`` record; ``strideguard.passes.push_pieces_into_producers`` applies it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import torch
 from torch.fx import Node
 
-from .cuts import FULL, Narrowing, ReturnedCut, returned_cut
+from .pieces import FULL, Narrowing, ReturnedPiece, returned_piece
 from .flops import region_flops
 from .nodes import checks_only_its_type, computes, op_label, static_size, tensor_of
 from .rules import returns_a_tuple, rule_for
@@ -22,11 +22,11 @@ from .rules import returns_a_tuple, rule_for
 
 @dataclass(frozen=True)
 class Pushdown:
-    """One returned cut moved upstream: the producers recomputed on narrowed inputs, and where it stopped."""
+    """One returned piece moved upstream: the producers recomputed on narrowed inputs, and where it stopped."""
 
     output: int
     """Position of the returned value in the graph's output node."""
-    cut: ReturnedCut
+    piece: ReturnedPiece
     region: tuple[Node, ...]
     """Producers recomputed narrowed, in graph order."""
     narrowings: tuple[tuple[Node, Narrowing], ...]
@@ -47,25 +47,25 @@ class Pushdown:
     def description(self) -> str:
         names = [op_label(node) for node in reversed(self.region)]
         if len(names) == 1:
-            return f"{self.cut.text} pushed into {names[0]}"
-        return f"{self.cut.text} pushed through {', '.join(names[:-1])} into {names[-1]}"
+            return f"{self.piece.text} pushed into {names[0]}"
+        return f"{self.piece.text} pushed through {', '.join(names[:-1])} into {names[-1]}"
 
 
-def plan_pushdown(position: int, cut: ReturnedCut, order: dict[Node, int]) -> Optional[Pushdown]:
-    """How far ``cut`` moves upstream; ``None`` when no producer can be recomputed on a smaller piece.
+def plan_pushdown(position: int, piece: ReturnedPiece, order: dict[Node, int]) -> Optional[Pushdown]:
+    """How far ``piece`` moves upstream; ``None`` when no producer can be recomputed on a smaller piece.
 
     ``order`` is each node's position in the graph: nodes are visited latest first, so every user of a node
     has been decided before the node itself."""
-    whole = Narrowing(cut.narrowing.dim, 0, static_size(tensor_of(cut.source), cut.narrowing.dim) or -1)
-    if cut.narrowing == whole:
+    whole = Narrowing(piece.narrowing.dim, 0, static_size(tensor_of(piece.source), piece.narrowing.dim) or -1)
+    if piece.narrowing == whole:
         return None
-    consumers = {cut.returned, *cut.consumes}
-    reader = cut.consumes[0] if cut.consumes else cut.returned
-    wanted: dict[Node, list[tuple[Node, Optional[Narrowing]]]] = {cut.source: [(reader, cut.narrowing)]}
+    consumers = {piece.returned, *piece.consumes}
+    reader = piece.consumes[0] if piece.consumes else piece.returned
+    wanted: dict[Node, list[tuple[Node, Optional[Narrowing]]]] = {piece.source: [(reader, piece.narrowing)]}
     region: list[Node] = []
     narrowings: dict[Node, Narrowing] = {}
     edges: dict[Node, list[tuple[Node, Optional[Narrowing]]]] = {}
-    frontier, queued = [(-order[cut.source], cut.source)], {cut.source}
+    frontier, queued = [(-order[piece.source], piece.source)], {piece.source}
     while frontier:
         node = heapq.heappop(frontier)[1]
         wants = wanted[node]
@@ -100,7 +100,7 @@ def plan_pushdown(position: int, cut: ReturnedCut, order: dict[Node, int]) -> Op
         return None
     return Pushdown(
         output=position,
-        cut=cut,
+        piece=piece,
         region=tuple(region),
         narrowings=tuple((node, narrowings[node]) for node in region),
         inputs=tuple((node, source, n) for node in region for source, n in edges[node]),
@@ -119,18 +119,18 @@ def _reads_one_value_two_ways(inputs: Sequence[tuple[Node, Optional[Narrowing]]]
 
 
 def plan_pushdowns(graph: torch.fx.Graph) -> tuple[Pushdown, ...]:
-    """A pushdown for every returned cut that can move into at least one producer."""
+    """A pushdown for every returned piece that can move into at least one producer."""
     found = []
     seen = set()
     order: Optional[dict[Node, int]] = None
     for position, value in enumerate(graph.output_node().args[0]):
-        cut = returned_cut(value)
-        if cut is None or value in seen or len(value.users) != 1:
+        piece = returned_piece(value)
+        if piece is None or value in seen or len(value.users) != 1:
             continue
         seen.add(value)
         if order is None:
             order = {node: index for index, node in enumerate(graph.nodes)}
-        pushdown = plan_pushdown(position, cut, order)
+        pushdown = plan_pushdown(position, piece, order)
         if pushdown is not None:
             found.append(pushdown)
     return tuple(found)

@@ -13,7 +13,7 @@ from torch.fx import Node
 
 from .. import ops
 from ..dialect import aten_op
-from .cuts import FULL, Narrowing
+from .pieces import FULL, Narrowing
 from .nodes import arguments_of, positive_dim, slice_bounds, static_size, tensor_of
 
 aten = torch.ops.aten
@@ -335,7 +335,9 @@ def passes_through(node: Node, narrowing: Narrowing) -> bool:
     if aten_op(node.target) is aten.cat.default:
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
     elif ops.in_family(node.target, ops.SLICES):
-        dim = arguments_of(node).get("dim", 0)
+        dim = arguments_of(node).get("dim")
+        if dim is None:
+            return False
     else:
         return False
     return positive_dim(dim, tensor_of(node).dim()) == narrowing.dim

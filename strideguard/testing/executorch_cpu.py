@@ -31,7 +31,7 @@ from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 from torch.export import ExportedProgram
-from torch.export.graph_signature import OutputKind
+from torch.export.graph_signature import OutputKind as OutputSpecKind
 
 from ..program import private_program
 
@@ -340,7 +340,7 @@ def _run_lowered_method(
             user_output_values = [
                 values[returned_node] if isinstance(returned_node, torch.fx.Node) else returned_node
                 for returned_node, spec in zip(returned, output_specs)
-                if spec.kind == OutputKind.USER_OUTPUT
+                if spec.kind == OutputSpecKind.USER_OUTPUT
             ]
         else:
             raise NotImplementedError(

@@ -1,4 +1,4 @@
-"""The plan of which view copies become views before AOTInductor compiles a graph.
+"""Which view copies become views before AOTInductor compiles a graph.
 
 ExecuTorch's ``to_edge`` makes every view a fresh copy; an AOTI backend turns
 some of them back into views inside ``preprocess`` so that Inductor treats
@@ -104,8 +104,9 @@ def _conversions_by_running(graph: torch.fx.Graph, view_pass: Any, scope) -> dic
 
 @dataclass
 class ViewConversion:
-    """A plan: the nodes strideguard turns into views (``targets``), those the backend's own pass turns
-    into views in ``preprocess`` (``later``), and the replay of every node's value under both."""
+    """The view conversion decided for a graph: the nodes strideguard turns into views (``targets``), those
+    the backend's own pass turns into views in ``preprocess`` (``later``), and the replay of every node's
+    value under both."""
 
     graph: torch.fx.Graph
     policy: ConversionPolicy

@@ -29,7 +29,7 @@ from ..pushdown import FULL, Narrowing, Pushdown, checks_only_its_type, is_ident
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
 
 
-def push_cuts_into_producers(graph: torch.fx.Graph, pushdowns: Sequence[Pushdown], dialect: Dialect) -> list[Node]:
+def push_pieces_into_producers(graph: torch.fx.Graph, pushdowns: Sequence[Pushdown], dialect: Dialect) -> list[Node]:
     """Apply every pushdown to ``graph`` in place; returns the nodes added."""
     added: list[Node] = []
     for pushdown in pushdowns:
@@ -56,7 +56,7 @@ def _new_node(graph: torch.fx.Graph, target: Any, args: tuple, kwargs: dict, lik
 
 
 def _push(graph: torch.fx.Graph, pushdown: Pushdown, dialect: Dialect) -> list[Node]:
-    cut = pushdown.cut
+    piece = pushdown.piece
     why = pushdown.description
     narrowings = dict(pushdown.narrowings)
     edges: dict[Node, dict[Node, Optional[Narrowing]]] = {}
@@ -74,11 +74,11 @@ def _push(graph: torch.fx.Graph, pushdown: Pushdown, dialect: Dialect) -> list[N
         key = (source, narrowing)
         if key not in slices:
             args = (source, narrowing.dim, narrowing.start, narrowing.end, narrowing.step)
-            slices[key] = _new_node(graph, narrow_call(dialect), args, {}, cut.returned, why)
+            slices[key] = _new_node(graph, narrow_call(dialect), args, {}, piece.returned, why)
             added.append(slices[key])
         return slices[key]
 
-    with graph.inserting_before(cut.returned):
+    with graph.inserting_before(piece.returned):
         for node in pushdown.region:
             mapping = {source: narrowed(source, n) for source, n in edges[node].items()}
             narrowing = narrowings[node]
@@ -95,12 +95,12 @@ def _push(graph: torch.fx.Graph, pushdown: Pushdown, dialect: Dialect) -> list[N
             for check in [user for user in node.users if checks_only_its_type(user)]:
                 added.append(_new_node(graph, check.target, (new[node], *check.args[1:]), check.kwargs, check, why))
                 graph.erase_node(check)
-        result = new[cut.source]
-        if cut.drops_dim:
-            result = _new_node(graph, select_call(dialect), (result, cut.narrowing.dim, 0), {}, cut.returned, why)
+        result = new[piece.source]
+        if piece.drops_dim:
+            result = _new_node(graph, select_call(dialect), (result, piece.narrowing.dim, 0), {}, piece.returned, why)
             added.append(result)
-    cut.returned.replace_all_uses_with(result)
-    _remove_unread([cut.returned, *cut.consumes, *reversed(pushdown.region)], graph)
+    piece.returned.replace_all_uses_with(result)
+    _remove_unread([piece.returned, *piece.consumes, *reversed(pushdown.region)], graph)
     return added
 
 

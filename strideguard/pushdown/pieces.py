@@ -1,4 +1,4 @@
-"""Returned cuts: a returned value that is a piece of another (a slice, select, narrow, or one piece of a
+"""Returned pieces: a returned value that is a piece of another (a slice, select, narrow, or one piece of a
 split or unbind), as a ``Narrowing`` of that value."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Narrowing:
 
 
 @dataclass(frozen=True)
-class ReturnedCut:
+class ReturnedPiece:
     """A returned piece of a value: ``narrowing`` of ``source``, with the dimension dropped for a select."""
 
     returned: Node
@@ -67,7 +67,7 @@ def _functional_packet(target: Any) -> Optional[torch._ops.OpOverloadPacket]:
     return op.overloadpacket
 
 
-def returned_cut(node: Any) -> Optional[ReturnedCut]:
+def returned_piece(node: Any) -> Optional[ReturnedPiece]:
     """``node`` as a narrowing of another value, when it is a slice, select, narrow or split piece."""
     if not isinstance(node, Node) or node.op != "call_function":
         return None
@@ -79,13 +79,15 @@ def returned_cut(node: Any) -> Optional[ReturnedCut]:
     if value is None or packet is None:
         return None
     arguments = arguments_of(node)
+    if not arguments:
+        return None
     if packet in ops.SLICES:
         dim = positive_dim(arguments.get("dim", 0), value.dim())
         bounds = slice_bounds(arguments, static_size(value, dim))
         if bounds is None:
             return None
         start, end, step = bounds
-        return ReturnedCut(node, source, Narrowing(dim, start, max(start, end), step), False,
+        return ReturnedPiece(node, source, Narrowing(dim, start, max(start, end), step), False,
                            f"slice(dim={arguments.get('dim', 0)}, {_range(arguments)})")
     if packet in ops.SELECTS or packet in ops.NARROWS:
         dim = positive_dim(arguments["dim"], value.dim())
@@ -95,17 +97,17 @@ def returned_cut(node: Any) -> Optional[ReturnedCut]:
             return None
         index = index + size if index < 0 else index
         if packet in ops.SELECTS:
-            return ReturnedCut(node, source, Narrowing(dim, index, index + 1), True,
+            return ReturnedPiece(node, source, Narrowing(dim, index, index + 1), True,
                                f"select(dim={arguments['dim']}, {arguments['index']})")
         length = arguments.get("length")
         if not isinstance(length, int):
             return None
-        return ReturnedCut(node, source, Narrowing(dim, index, index + length), False,
+        return ReturnedPiece(node, source, Narrowing(dim, index, index + length), False,
                            f"narrow(dim={arguments['dim']}, {arguments['start']}, {length})")
     return None
 
 
-def _piece(node: Node) -> Optional[ReturnedCut]:
+def _piece(node: Node) -> Optional[ReturnedPiece]:
     """A ``getitem`` of a split or unbind whose only used piece is this one."""
     parent, index = node.args
     if not isinstance(parent, Node) or parent.op != "call_function" or not isinstance(index, int):
@@ -119,18 +121,20 @@ def _piece(node: Node) -> Optional[ReturnedCut]:
     if value is None or not isinstance(pieces, (list, tuple)):
         return None
     arguments = arguments_of(parent)
+    if not arguments:
+        return None
     dim = positive_dim(arguments.get("dim", 0), value.dim())
     if static_size(value, dim) is None:
         return None
     if packet in ops.UNBINDS:
-        return ReturnedCut(node, source, Narrowing(dim, index, index + 1), True,
+        return ReturnedPiece(node, source, Narrowing(dim, index, index + 1), True,
                            f"unbind(dim={arguments.get('dim', 0)})[{index}]", consumes=(parent, *unread))
     sizes = [piece.shape[dim] for piece in pieces]
     if not all(type(s) is int for s in sizes):
         return None
     start = sum(sizes[:index])
     name = op_name(parent.target)
-    return ReturnedCut(node, source, Narrowing(dim, start, start + sizes[index]), False,
+    return ReturnedPiece(node, source, Narrowing(dim, start, start + sizes[index]), False,
                        f"{name}(dim={arguments.get('dim', 0)})[{index}]", consumes=(parent, *unread))
 
 

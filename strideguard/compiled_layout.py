@@ -1,0 +1,267 @@
+"""What AOTInductor hands back for one output, read from the graph: a decided layout or one left to Inductor.
+
+Inductor itself tells the two apart: a ``FixedLayout`` is decided (an extern
+kernel's output, a graph input), a ``FlexibleLayout`` is Inductor's to choose
+when it realizes or fuses the buffer. The analysis mirrors that with two
+records. ``Decided``: the strides the compiled method returns. ``LeftToInductor``:
+the strides as traced, the other layouts Inductor may choose (or
+``any_layout``), and why. Each case below was found against a real compile
+(most by ``make fuzz``); ``inspect(exact=True)`` asks Inductor instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch.fx import Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from . import inductor, layout, ops
+from .dialect import aten_op, op_name
+from .fake_values import call_on_fake_values
+from .records import Alias, AliasKind
+
+Values = Callable[[Node], Any]
+"""The fake value a node will have in the compiled program."""
+
+Ops = Callable[[Node], Any]
+"""The op a node will run in the compiled program (an Edge view copy may become a view)."""
+
+
+@dataclass(frozen=True)
+class Compilation:
+    """What compiling does to the graph, as far as the layouts go: each node's value and op once compiled,
+    the nodes the method returns, and the compute nodes whose layout the view conversions may change."""
+
+    values: Values
+    op_of: Ops
+    returned: frozenset
+    relaid: frozenset
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The strides the compiled method returns, decided by the graph (Inductor's ``FixedLayout``)."""
+
+    strides: tuple
+    note: Optional[str] = None
+    """Something worth saying about how it comes back (AOTInductor returns a copy of a weight's view)."""
+
+
+@dataclass(frozen=True)
+class LeftToInductor:
+    """A layout Inductor chooses (its ``FlexibleLayout``): the output is copied unless every layout it may
+    choose, ``strides`` and ``alternatives``, is the target layout."""
+
+    strides: tuple
+    """As traced."""
+    why: str
+    alternatives: tuple = ()
+    """The other layouts Inductor may return it in."""
+    any_layout: bool = False
+    """Inductor may choose layouts not even listed: always copied."""
+
+
+CompiledLayout = Union[Decided, LeftToInductor]
+
+
+def _overlapping(tensor: torch.Tensor) -> bool:
+    """A view reading some element twice (an expand): AOTInductor returns it as it is, not copied."""
+    return any(
+        statically_known_true(stride == 0) and not statically_known_true(size < 2)
+        for size, stride in zip(tensor.shape, tensor.stride())
+    )
+
+
+def compiled_layout(
+    tensor: torch.Tensor, chain: list[Node], base: Node, base_role: Optional[Alias], compilation: Compilation
+) -> CompiledLayout:
+    """What AOTInductor hands back for a user output: the view chain over its base, as Inductor lays the base out.
+
+    Decided here: views of inputs; views of weights Inductor keeps as
+    constant buffers (the wrapper returns a clone of them); outputs that are
+    not views (the strides of their value after Inductor's decompositions);
+    and views of what Inductor writes before any view is taken (an extern
+    kernel's output, or a node that is itself returned). A view of other
+    compute is left to Inductor, which may compute just the viewed elements
+    afresh, densely, or lay the base out otherwise than traced.
+    """
+    values, op_of, returned, relaid = compilation.values, compilation.op_of, compilation.returned, compilation.relaid
+    if base.op == "placeholder":
+        # A size-one dimension's stride is "insignificant" to Inductor: it may re-stride a view that has one
+        # (found by ``make fuzz``: a ``[1, 1]`` narrow of a diagonal of an input, traced (36, 17), comes back
+        # (1, 1)), or realize the view afresh.
+        viewed = tuple(tensor.stride())
+        restrided = chain and layout.has_size_one_dim(tensor.shape)
+        fresh = tuple(layout.strides_for_order(tensor.shape, layout.identity_order(tensor.dim())))
+        if base_role is None or base_role.kind is AliasKind.INPUT:
+            if not restrided or layout.same_sizes(viewed, fresh):
+                return Decided(viewed)
+            return LeftToInductor(
+                viewed,
+                why="a view of an input with a size-one dimension, whose stride Inductor may re-stride",
+                alternatives=(fresh,),
+            )
+        lowering = inductor.weight_lowering(values(base))
+        if lowering is inductor.WeightLowering.CONSTANT and not _overlapping(tensor):
+            # The wrapper clones a view of a constant it can see as one, unless it re-strides it first.
+            copied = layout.preserve_format_strides(tensor)
+            if not restrided:
+                return Decided(copied, note="AOTInductor returns a copy of a weight's view")
+            alternatives = tuple(c for c in (viewed, fresh) if not layout.same_sizes(c, copied))
+            if not alternatives:
+                return Decided(copied, note="AOTInductor returns a copy of a weight's view")
+            return LeftToInductor(
+                copied,
+                why="AOTInductor returns a copy of this view of a weight, the view itself re-strided for "
+                "its size-one dimensions, or the view realized afresh",
+                alternatives=alternatives,
+            )
+        how = {
+            inductor.WeightLowering.SCALAR: "folds this 0-dim weight into its code",
+            inductor.WeightLowering.INLINED: "inlines this small weight as computed values",
+            inductor.WeightLowering.CONSTANT: "decides how to return an expand of a weight",
+        }[lowering]
+        return LeftToInductor(tuple(tensor.stride()), why=f"Inductor {how}")
+    if base.op != "call_function":
+        return LeftToInductor(tuple(tensor.stride()), why=f"a {base.op} node")
+    if base in relaid:
+        name = op_name(op_of(base)) or getattr(base.target, "__name__", str(base.target))
+        return LeftToInductor(
+            tuple(tensor.stride()),
+            why=f"{name} reads a view that now has other strides, so Inductor lays it out afresh",
+            any_layout=True,
+        )
+    decomposition = _decomposed(base, values, op_of)
+    if not chain:
+        if decomposition is not None and _concatenation_chooses_size_one_strides(base, tensor, decomposition, values):
+            return LeftToInductor(
+                decomposition.strides,
+                why="Inductor's decomposition clones its one non-empty input, which is not dense, and "
+                "gives the size-one dimensions strides of its own choosing",
+                any_layout=True,
+            )
+        if _copies_a_view_choosing_size_one_strides(base, tensor, values, op_of):
+            return LeftToInductor(
+                tuple(tensor.stride()),
+                why="Inductor's decomposition of this view copy clones a view that is not contiguous, and "
+                "keeps the view's own strides in the size-one dimensions",
+                any_layout=True,
+            )
+        return Decided(decomposition.strides if decomposition is not None else tuple(tensor.stride()))
+    strides = tuple(tensor.stride())
+    if decomposition is not None and not layout.same_sizes(decomposition.strides, values(base).stride()):
+        replayed = _replayed_over(chain, base, _restrided(values(base), decomposition.strides), values, op_of)
+        if replayed is None:
+            return LeftToInductor(
+                strides,
+                why="this view cannot be taken of its base as Inductor's decomposition lays it out, so "
+                "Inductor copies it in a layout of its choosing",
+                any_layout=True,
+            )
+        strides = replayed
+    producer = decomposition.producer if decomposition is not None else aten_op(op_of(base))
+    if base not in returned and ops.in_family(producer, ops.CONCATENATIONS):
+        return LeftToInductor(
+            strides,
+            why="a view of a concatenation, which Inductor may compute afresh or simplify to the view of "
+            "the one input it lies in, laid out as that input is (an expand of a small weight comes back with "
+            "zero strides)",
+            any_layout=True,
+        )
+    # A factory (no tensor inputs) that Inductor computes rather than calls may be realized afresh for its own
+    # output, and its views computed from the values: torch 2.14 lowers ``_efficientzerotensor`` to an expand
+    # of a 0-d constant and realizes the returned one separately, so its slice comes back dense.
+    computed_factory = base in returned and not base.all_input_nodes
+    if (base not in returned or computed_factory) and not inductor.lowers_to_kernel_output(producer):
+        name = getattr(producer, "__name__", str(producer))
+        # Realized rather than fused, the producer gets Inductor's own layout, which need not be the traced
+        # one (found by ``make fuzz``: ``logical_not`` of a transposed input realized contiguously).
+        base_value = values(base)
+        realized = _replayed_over(chain, base, _restrided(base_value, _contiguous(base_value)), values, op_of)
+        return LeftToInductor(
+            strides,
+            why=f"a view of {name}, which Inductor may fuse into this output and lay out afresh, or "
+            "realize in a layout of its own (the copy is then fused too, at no cost)",
+            alternatives=() if realized is None else (realized,),
+            any_layout=realized is None,
+        )
+    return Decided(strides)
+
+
+def _concatenation_chooses_size_one_strides(base: Node, tensor: torch.Tensor, decomposition, values: Values) -> bool:
+    """A ``cat`` or ``stack`` of one non-empty input becomes ``clone`` of it, and the clone's strides in
+    size-one dimensions are Inductor's choice, not the graph's: undecided unless they are those of a
+    contiguous tensor (found by ``make fuzz``: ``[5, 1]`` traced ``(1, 5)`` comes back ``(1, 1)``)."""
+    if not ops.in_family(base.target, ops.CONCATENATIONS):
+        return False
+    if not layout.has_size_one_dim(tensor.shape):
+        return False
+    contiguous = layout.strides_for_order(tensor.shape, layout.identity_order(tensor.dim()))
+    if layout.same_sizes(decomposition.strides, contiguous):
+        return False
+    inputs = [v for v in torch.utils._pytree.tree_leaves(torch.fx.node.map_arg(base.args, values)) if isinstance(v, torch.Tensor)]
+    non_empty = [v for v in inputs if not any(layout.same_sizes((size,), (0,)) for size in v.shape)]
+    return len(non_empty) == 1 or not layout.same_sizes(decomposition.strides, tensor.stride())
+
+
+def _copies_a_view_choosing_size_one_strides(base: Node, tensor: torch.Tensor, values: Values, op_of: Ops) -> bool:
+    """A view copy left a copy (``view_copy`` of a strided view, found by ``make fuzz``): Inductor traces it as
+    a ``clone`` of the view, and where the view is not exactly contiguous Inductor's own view keeps the base's
+    stride in a size-one dimension, which eager (and so the traced value) replaces."""
+    op = aten_op(op_of(base))
+    if not isinstance(op, torch._ops.OpOverload) or torch.Tag.view_copy not in op.tags:
+        return False
+    if not layout.has_size_one_dim(tensor.shape) or statically_known_true(tensor.numel() < 2):
+        return False
+    source = base.args[0] if base.args and isinstance(base.args[0], Node) else None
+    value = values(source) if source is not None else None
+    if not isinstance(value, torch.Tensor):
+        return False
+    return layout.has_layout(value.shape, value.stride(), layout.identity_order(value.dim())) is not True
+
+
+def _decomposed(node: Node, values: Values, op_of: Ops) -> Optional[inductor.Decomposed]:
+    """``node``'s value and producing op after Inductor's decompositions, when it has any to apply."""
+    op = aten_op(op_of(node))
+    if not isinstance(op, torch._ops.OpOverload) or not inductor.decomposes(op):
+        return None
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values)
+    return inductor.decomposed(op, args, kwargs)
+
+
+def _contiguous(value: torch.Tensor) -> tuple:
+    return layout.strides_for_order(value.shape, layout.identity_order(value.dim()))
+
+
+def _restrided(value: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """A fake tensor like ``value`` with other strides (the base as Inductor's decompositions lay it out)."""
+    from torch._guards import detect_fake_mode
+
+    with detect_fake_mode([value]) or contextlib.nullcontext():
+        return torch.empty_strided(value.shape, strides, dtype=value.dtype, device=value.device)
+
+
+def _replayed_over(
+    chain: list[Node], base: Node, base_value: torch.Tensor, values: Values, op_of: Ops
+) -> Optional[tuple]:
+    """The strides of the view chain replayed over another value of its base, or None where a
+    ``view`` in it cannot be a view of that value (found by ``make fuzz``)."""
+    replaced = {base: base_value}
+
+    def value(node: Node) -> Any:
+        return replaced[node] if node in replaced else values(node)
+
+    for node in reversed(chain):
+        if node.target is operator.getitem:
+            replaced[node] = value(node.args[0])[node.args[1]]
+        else:
+            try:
+                replaced[node] = call_on_fake_values(aten_op(op_of(node)), node, value)
+            except (RuntimeError, ValueError):
+                return None
+    return tuple(replaced[chain[0]].stride())
