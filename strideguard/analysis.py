@@ -24,7 +24,7 @@ import torch
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import Node
 
-from . import layout
+from . import layout, ops
 from .compiled_layout import Compilation, CompiledLayout, LeftToInductor, Ops, Values, compiled_layout
 from .dialect import Dialect, is_higher_order, is_view_op, op_name
 from .fake_values import storage_key
@@ -83,18 +83,19 @@ def _describe_view(node: Node, op_of: Ops) -> str:
     """A view op in words, e.g. ``slice(dim=2, 0:14)``."""
     if node.target is operator.getitem:
         return f"chunk {node.args[1]}"
-    name = op_name(op_of(node)) or str(node.target)
+    op = op_of(node)
+    name = op_name(op) or str(node.target)
     args = [a.name if isinstance(a, Node) else a for a in node.args[1:]]
-    if name == "slice":
+    if ops.in_family(op, ops.SLICES):
         dim, start, end, step = (list(args) + [0, None, None, 1][len(args):])[:4]
         step_text = f":{step}" if step not in (1, None) else ""
         end_text = "" if end is None or (isinstance(end, int) and end >= 2**62) else end
         return f"slice(dim={dim}, {'' if start is None else start}:{end_text}{step_text})"
-    if name == "select":
+    if ops.in_family(op, ops.SELECTS):
         return f"select(dim={args[0]}, index={args[1]})"
-    if name in ("split", "split_with_sizes", "chunk"):
+    if ops.in_family(op, ops.SPLITS):
         return f"{name}({args[0]}, dim={args[1] if len(args) > 1 else 0})"
-    if name == "unbind":
+    if ops.in_family(op, ops.UNBINDS):
         return f"unbind(dim={args[0] if args else 0})"
     rendered = ", ".join(str(a) for a in args)
     return f"{name}({rendered})"
