@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "strideguard"
 
-ANALYSIS = ["analysis", "compiled_layout", "revisions", "replay", "view_conversion", "pushdown", "inductor", "lowering", "layout", "dialect", "ops", "records", "fake_values", "program"]
+ANALYSIS = ["analysis", "compiled_layout", "revisions", "replay", "view_conversion", "relayout", "pushdown", "inductor", "lowering", "layout", "dialect", "ops", "records", "fake_values", "program"]
 """What is decided about a graph; the passes read it, never the other way round."""
 
 INTEGRATIONS = ["executorch", "cuda_graphs", "verification", "cli", "plot", "demo", "api"]

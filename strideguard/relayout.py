@@ -1,0 +1,133 @@
+"""Which compute nodes Inductor may lay out otherwise than their traced metadata says, and so what reads them.
+
+The analysis trusts a node's traced strides unless something changes them in
+the graph Inductor traces; this module finds those somethings.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+from torch.fx import Node
+
+from . import inductor, layout, ops
+from .dialect import aten_op, is_view_op
+from .replay import Geometry, Layout
+
+
+def relaid_nodes(
+    graph: torch.fx.Graph, converted: Iterable[Node], geometry: Callable[[Node], Layout], op_of: Callable[[Node], Any]
+) -> set[Node]:
+    """Compute nodes whose traced layout Inductor's trace may change, and so what reads them.
+
+    Three things change a node's layout in the graph Inductor traces: a
+    view copy made a view hands its users other strides than the copy it
+    was; Inductor's own decompositions (a ``cat`` of one non-empty tensor
+    becomes a ``clone`` of it, in its layout); and a channels-last input,
+    whose layout Inductor carries through copies and concatenations where
+    the traced metadata says contiguous (found by ``make fuzz``). An op's result follows its
+    inputs' strides (an ``add`` of a transposed view is transposed too), so
+    everything computed from such a node may be laid out otherwise than its
+    metadata says. Found in one pass over the graph, from geometries, with
+    a decomposition traced only for the few ops whose decomposition can
+    lay out their result like an input (and remembered per shape).
+    """
+    changed = {node for node in converted if _relaid(geometry(node), node)}
+    changed |= {node for node in graph.nodes if _decomposition_relays(node, op_of(node))}
+    changed |= {node for node in graph.find_nodes(op="placeholder") if _channels_last_input(node)}
+    relaid: set[Node] = set()
+    if not changed:
+        return relaid
+    for node in graph.nodes:
+        if node.op != "call_function" or node in changed:
+            continue
+        feeds = [n for n in node.all_input_nodes if n in changed or n in relaid]
+        if not feeds or _lays_out_its_own_result(node, op_of(node)):
+            continue
+        if node.target is operator.getitem or (is_view_op(op_of(node)) and not _converts_dtype(node)):
+            changed.add(node)
+        else:
+            relaid.add(node)
+    return relaid
+
+
+def _converts_dtype(node: Node) -> bool:
+    """A ``to`` whose schema may alias its input but whose result has another dtype: compute, whose result
+    follows its input's strides (found by ``make fuzz``: ``to(int32)`` of a re-laid ``[1, 1]`` select came
+    back with strides ``(2, 2)``)."""
+    value = node.meta.get("val")
+    source = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], Node) else None
+    return isinstance(value, torch.Tensor) and isinstance(source, torch.Tensor) and value.dtype != source.dtype
+
+
+def _channels_last_input(node: Node) -> bool:
+    """A 4-D or 5-D input or weight Inductor may see as channels-last (or whose symbolic sizes cannot tell)."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dim() not in (4, 5):
+        return False
+    exactly_contiguous = layout.has_layout(value.shape, value.stride(), layout.identity_order(value.dim())) is True
+    if not all(type(v) is int for v in (*value.shape, *value.stride())):
+        return not exactly_contiguous
+    return inductor.concat_may_go_channels_last([value]) and not exactly_contiguous
+
+
+def _decomposition_relays(node: Node, op: Any) -> bool:
+    """Whether Inductor's decomposition gives ``node`` other strides than its metadata says: a concatenation
+    may be laid out like one input (one non-empty input: a clone)."""
+    if node.op != "call_function" or not ops.in_family(op, ops.CONCATENATIONS):
+        return False
+    original = node.meta.get("val")
+    if not isinstance(original, torch.Tensor):
+        return False
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    found = inductor.decomposed(aten_op(op), args, kwargs)
+    return found is None or not layout.same_sizes(found.strides, original.stride())
+
+
+def _relaid(geometry: Layout, node: Node) -> bool:
+    """Whether a converted view may make the ops reading it lay out their results otherwise.
+
+    An op that follows its inputs' layout (elementwise ops, ``clone`` and
+    ``to`` in ``preserve_format``, ``cat``'s memory format) decides from how
+    its input's strides order the dimensions, not from their values: a slice
+    keeps its base's order and changes nothing downstream, while a transpose,
+    or a permute that moves a size-one dimension, does. So the view reads as
+    the copy did when every pair of dimensions compares the same way
+    (greater, equal, smaller) in both; anything unproven counts as changed.
+    """
+    original = node.meta.get("val")
+    new = geometry if isinstance(geometry, list) else [geometry]
+    old = list(original) if isinstance(original, (list, tuple)) else [original]
+    return not all(
+        not (isinstance(g, Geometry) and isinstance(o, torch.Tensor))
+        or layout.same_order(g.shape, g.strides, o.stride())
+        for g, o in zip(new, old)
+    )
+
+
+def _layout_argument(op: torch._ops.OpOverload) -> Optional[str]:
+    """The argument telling a copy its result's layout; ``None`` for an op that is not such a copy."""
+    if op.overloadpacket in ops.MEMORY_FORMAT_COPIES:
+        return "memory_format"
+    if op.overloadpacket in ops.dim_order_copies():
+        return "dim_order"
+    return None
+
+
+def _lays_out_its_own_result(node: Node, target: Any) -> bool:
+    """Ops whose result's layout does not follow their inputs': GEMMs, and copies told their layout
+    (``_clone_dim_order(dim_order=...)``, ``clone(memory_format=contiguous)``, strideguard's own output
+    copies among them). Not view copies: Inductor lowers one as a view and a clone, and may keep the
+    view's layout (found by ``make fuzz`` on a channels-last input)."""
+    op = aten_op(target)
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    if op.overloadpacket in ops.GEMMS:
+        return True
+    argument = _layout_argument(op)
+    if argument is None:
+        return False
+    value = node.kwargs.get(argument)
+    return value is not None and value is not torch.preserve_format
