@@ -47,7 +47,7 @@ def has_layout(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequen
     to torch but not laid out like its ETensor ``(512, 1)``. Only a tensor with
     no elements, which has no bytes to lay out, is exempt.
     """
-    return _dense_in_order(shape, strides, dim_order, exact=True)
+    return _dense_in_order(shape, strides, dim_order, literal=True)
 
 
 def is_dense_in_order(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequence[int]) -> Decision:
@@ -56,21 +56,21 @@ def is_dense_in_order(shape: Sequence[Size], strides: Sequence[Size], dim_order:
     Size-one dimensions may carry any stride and a tensor of fewer than two
     elements is dense in every order, as in ``TensorImpl::compute_contiguous``.
     """
-    return _dense_in_order(shape, strides, dim_order, exact=False)
+    return _dense_in_order(shape, strides, dim_order, literal=False)
 
 
-def _dense_in_order(shape, strides, dim_order, *, exact: bool) -> Decision:
-    if any(_known(size == 0) for size in shape) or (not exact and _known(_numel(shape) < 2)):
+def _dense_in_order(shape, strides, dim_order, *, literal: bool) -> Decision:
+    if any(_known(size == 0) for size in shape) or (not literal and _known(_numel(shape) < 2)):
         return True
     expected: Size = 1
     verdicts: list[Decision] = []
     for dim in reversed(tuple(dim_order)):
         size, stride = shape[dim], strides[dim]
-        if not exact and _known(size == 1):
+        if not literal and _known(size == 1):
             continue
         if _known(stride == expected):
             verdicts.append(True)
-        elif _known(stride != expected) and (exact or _known(size != 1)):
+        elif _known(stride != expected) and (literal or _known(size != 1)):
             verdicts.append(False)
         else:
             verdicts.append(None)
