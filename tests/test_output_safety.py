@@ -96,6 +96,15 @@ cli.main(sys.argv[2:])
 """
 
 
+def _default_signal_dispositions() -> None:
+    """A child inherits the signals its parent ignores, and strideguard rightly leaves an ignored signal
+    ignored (as under ``nohup``). A suite started in the background by a shell without job control runs
+    with SIGINT and SIGQUIT ignored, so its writers never saw SIGINT (it failed twice so): the children
+    start with every handled signal at its default, as an interactive shell starts them."""
+    for signum in output_module._HANDLED_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @pytest.mark.commands
 def test_signals_during_the_write_remove_the_temporary_file(policy, tmp_path):
     """Every catchable signal that would end the process, not only SIGINT and SIGTERM."""
@@ -110,11 +119,10 @@ def test_signals_during_the_write_remove_the_temporary_file(policy, tmp_path):
             stderr=subprocess.PIPE,
             text=True,
             cwd=REPOSITORY,
+            preexec_fn=_default_signal_dispositions,
         )
         runs[signum] = (process, folder, ready)
-    # Each writer is signalled the moment it is ready, whichever is first: signalled in a fixed order, a
-    # writer ready early waited out its own deadline while an earlier one was still loading on a busy
-    # machine, finished its write and exited 0 (seen in a loaded make test).
+    # Each writer is signalled the moment it is ready, whichever is first, so none waits behind another.
     waiting, deadline = dict(runs), time.monotonic() + 480
     while waiting and time.monotonic() < deadline:
         for signum, (process, folder, ready) in list(waiting.items()):
