@@ -271,14 +271,28 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
     new = candidate if isinstance(candidate, list) else [candidate]
     old = list(original) if isinstance(original, (list, tuple)) else [original]
     pairs = [(g, o) for g, o in zip(new, old) if isinstance(o, torch.Tensor)]
-    consumers = [u for u in node.users if u.target is not operator.getitem] + [
-        w for u in node.users if u.target is operator.getitem for w in u.users
-    ]
-    computing = [u for u in consumers if u.op == "call_function" and not is_view_op(conversion.op_of(u))]
+    computing = _computing_readers(node, conversion)
     if any(layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(o.shape, o.stride()) for g, o in pairs):
         return bool(computing)
     restrided = any(not layout.same_sizes(g.strides, o.stride()) for g, o in pairs)
     return restrided and any(_picks_its_algorithm_by_layout(conversion.op_of(u)) for u in computing)
+
+
+def _computing_readers(node: Node, conversion: ViewConversion) -> list[Node]:
+    """The compute that reads ``node``, through the views (and chunks) taken of it: a view hands on its
+    base's dimension order (found by ``make fuzz``: a permute made a view, split by the backend's pass, then
+    an ``add`` that followed the permuted order and a ``view_copy`` Inductor could no longer take)."""
+    found, pending, seen = [], list(node.users), set()
+    while pending:
+        user = pending.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.target is operator.getitem or (user.op == "call_function" and is_view_op(conversion.op_of(user))):
+            pending += list(user.users)
+        elif user.op == "call_function":
+            found.append(user)
+    return found
 
 
 def _picks_its_algorithm_by_layout(op: Any) -> bool:

@@ -87,7 +87,8 @@ def _push(graph: torch.fx.Graph, pushdown: Pushdown, dialect: Dialect) -> list[N
                 continue
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: mapping.get(n, n))
             if ops.in_family(node.target, ops.RESHAPES):
-                shape = list(args[1])
+                # Each size spelled out: a -1 is ambiguous once the piece has no elements (found by make fuzz).
+                shape = list(_value(node).shape)
                 shape[narrowing.dim] = narrowing.length
                 args = (args[0], shape, *args[2:])
             new[node] = _new_node(graph, node.target, args, kwargs, node, why)
