@@ -93,7 +93,7 @@ def make_plan(
     copy_outputs: bool = True,
     break_aliases: bool = False,
     accepts: Optional[Callable[[Any], bool]] = None,
-    lower: Optional[Callable[[torch.fx.Graph, ExportGraphSignature], Lowering]] = None,
+    lower: Optional[Callable[[torch.fx.Graph], Lowering]] = None,
     rewrites: Optional[BackendRewrites] = None,
 ) -> Plan:
     """Decide what to push down, convert and copy in ``graph`` (``graph`` itself never changes).
@@ -107,11 +107,12 @@ def make_plan(
     rewrite, or why they cannot run here) is copied in the form that holds
     whatever they do; with one, only where that backend's passes could not run.
     """
-    found = plan_pushdowns(graph) if pushdowns is not Pushdowns.NONE else ()
+    described = plan_pushdowns(graph) if pushdowns is Pushdowns.DESCRIBED else ()
     applied: tuple[Pushdown, ...] = ()
-    if found and pushdowns is Pushdowns.APPLIED:
-        graph, applied = _with_pushdowns_applied(graph, dialect)
-        signature = signature_following_graph(signature, graph)
+    if pushdowns is Pushdowns.APPLIED:
+        working, applied = _with_pushdowns_applied(graph, dialect)
+        if applied:
+            graph, signature = working, signature_following_graph(signature, working)
     conversion = plan_view_conversion(graph, policy if dialect.is_edge else NO_CONVERSION, accepts=accepts)
     returned = output_values(graph)
     target_orders = {
@@ -119,7 +120,7 @@ def make_plan(
         for out in user_outputs(signature)
         if dialect.is_edge and isinstance(getattr(returned[out.position], "meta", {}).get("val"), torch.Tensor)
     }
-    lowering = lower(graph, signature) if lower is not None else None
+    lowering = lower(graph) if lower is not None else None
     facts = analyze_outputs(
         graph,
         signature,
@@ -138,16 +139,18 @@ def make_plan(
         facts = left_to_backend(facts, graph, rewrites.rewritten, rewrites.unavailable)
     if not copy_outputs:
         facts = [fact.uncopied() for fact in facts]
-    if pushdowns is Pushdowns.DESCRIBED:
-        facts = _with_pushdowns_described(facts, found)
+    if described:
+        facts = _with_pushdowns_described(facts, described)
     return Plan(dialect, graph, signature, applied, conversion, tuple(facts))
 
 
 def _with_pushdowns_applied(graph: torch.fx.Graph, dialect: Dialect) -> tuple[torch.fx.Graph, tuple[Pushdown, ...]]:
-    """A working copy of ``graph`` with every pushdown applied, and those pushdowns (their nodes the copy's)."""
+    """A working copy of ``graph`` with every pushdown applied, and those pushdowns (their nodes the copy's):
+    found on the copy itself, so they are planned once."""
     working = copy_of_graph(graph)
     found = plan_pushdowns(working)
-    push_pieces_into_producers(working, found, dialect)
+    if found:
+        push_pieces_into_producers(working, found, dialect)
     return working, found
 
 
@@ -248,7 +251,7 @@ def _plan(
         # Without a lowering, the nodes the backend's own passes rewrite are copied in a form that holds.
         options["rewrites"] = backend_rewrites(program, backend)
 
-    def lower_planned(planned: torch.fx.Graph, signature: ExportGraphSignature) -> Lowering:
+    def lower_planned(planned: torch.fx.Graph) -> Lowering:
         # Planned on the graph as handed: the program itself is what will be compiled.
         return lower(program if planned is graph else rebuild(program, planned))
 
