@@ -10,7 +10,7 @@ STAMP := $(VENV)/.strideguard-installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	PYTHONWARNINGS=ignore $(PY) -m pip install -q --upgrade pip
-	PYTHONWARNINGS=ignore $(PY) -m pip install -q -c constraints.txt -e '.[executorch,dev,zoo,plot]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q -c constraints.txt -e '.[executorch,cuda,dev,zoo,plot]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -53,7 +53,7 @@ LANE2_STAMP := $(LANE2)/.strideguard-installed
 $(LANE2_STAMP): pyproject.toml constraints-torch2.14.txt
 	test -x $(LANE2)/bin/python || $(PYTHON) -m venv $(LANE2)
 	PYTHONWARNINGS=ignore $(LANE2)/bin/python -m pip install -q --upgrade pip
-	PYTHONWARNINGS=ignore $(LANE2)/bin/python -m pip install -q -c constraints-torch2.14.txt -e '.[dev,zoo,plot]'
+	PYTHONWARNINGS=ignore $(LANE2)/bin/python -m pip install -q -c constraints-torch2.14.txt -e '.[cuda,dev,zoo,plot]'
 	touch $(LANE2_STAMP)
 
 test-torch2.14: $(LANE2_STAMP)

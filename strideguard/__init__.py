@@ -19,6 +19,7 @@ from .records import (
     Reason,
     VerifyReport,
 )
+from .targets import LoweringUnavailable, Target
 from .verification import EAGER_TOLERANCES, PUSHDOWN_TOLERANCE, verify
 
 __all__ = [
@@ -32,12 +33,14 @@ __all__ = [
     "AliasKind",
     "LayoutNotReached",
     "LayoutReport",
+    "LoweringUnavailable",
     "OutputCheck",
     "OutputKind",
     "OutputLayout",
     "PUSHDOWN_TOLERANCE",
     "Proof",
     "Reason",
+    "Target",
     "VerifyReport",
     "aoti_compile_and_package",
     "densify_outputs",

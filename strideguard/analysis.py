@@ -279,5 +279,5 @@ def _verdict(compiled: CompiledLayout, base: Node, chain, shape, order) -> tuple
     return in_target, reason, explanation
 
 
-def report(facts: list[OutputFacts], dialect: Dialect, *, source: str = "analysis") -> LayoutReport:
-    return LayoutReport(dialect=dialect.value, outputs=tuple(f.layout for f in facts), source=source)
+def report(facts: list[OutputFacts], dialect: Dialect, *, source: str = "analysis", device: str = "cpu") -> LayoutReport:
+    return LayoutReport(dialect=dialect.value, outputs=tuple(f.layout for f in facts), source=source, device=device)

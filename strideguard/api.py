@@ -16,12 +16,18 @@ from .view_conversion import EXECUTORCH, STRIDEGUARD, ConversionPolicy
 from .program import require_exported_program, require_flag
 from .records import LayoutReport
 from .lowering import ExternKernelMemory
+from .targets import target_for
 from .proof import Proof, fixed_and_proven
 from .rewrite import Pushdowns, lower_as_compiled, program_plan, transformed
 
 
 def output_facts(
-    program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False, backend: Any = None
+    program: ExportedProgram,
+    *,
+    policy: ConversionPolicy = EXECUTORCH,
+    exact: bool = False,
+    backend: Any = None,
+    device: Any = None,
 ) -> list[OutputFacts]:
     """The facts ``inspect`` reports, with what they were read from: each output's view chain, base and
     fake value as compiled. For tools that draw or explain outputs (the storage plot)."""
@@ -30,12 +36,18 @@ def output_facts(
     if not isinstance(policy, ConversionPolicy):
         raise TypeError(f"strideguard.inspect: policy must be a ConversionPolicy, got {type(policy).__name__}")
     backend = _backend(program, backend, "inspect")
-    lower = (lambda planned: lower_as_compiled(planned, policy=policy, backend=backend)) if exact else None
-    return list(program_plan(program, policy, lower=lower, backend=backend, pushdowns=Pushdowns.DESCRIBED).outputs)
+    target = target_for(program, device, backend, "inspect")
+    lower = (lambda planned: lower_as_compiled(planned, policy=policy, backend=backend, target=target)) if exact else None
+    return list(program_plan(program, policy, lower=lower, backend=backend, target=target, pushdowns=Pushdowns.DESCRIBED).outputs)
 
 
 def inspect(
-    program: ExportedProgram, *, policy: ConversionPolicy = EXECUTORCH, exact: bool = False, backend: Any = None
+    program: ExportedProgram,
+    *,
+    policy: ConversionPolicy = EXECUTORCH,
+    exact: bool = False,
+    backend: Any = None,
+    device: Any = None,
 ) -> LayoutReport:
     """What each user output of ``program`` will look like once compiled with AOTInductor.
 
@@ -57,9 +69,22 @@ def inspect(
     (``strideguard.backends``). Without ``exact``, an output computed from
     something they rewrite is reported undecided and copied; where they
     cannot run here, every output is.
+
+    ``device`` is the device the program is compiled for: ``"cpu"``,
+    ``"cuda"`` (compute capability sm90 assumed where no GPU is here),
+    ``"cuda:sm87"`` (Jetson Orin), a ``torch.device`` or a
+    ``strideguard.Target``. By default it follows ``backend`` (``CudaBackend``
+    compiles for CUDA) and else the device of the program's tensors. For a
+    device this machine lacks, ``exact`` lowers on fake tensors of that device
+    (``strideguard.fake_device``), and CUDA's attention kernel is chosen by
+    torch's rules (``strideguard.attention_kernels``); an output whose
+    layout depends on a choice not decidable here is undecided and copied.
+    The report says which device it is for (``LayoutReport.device``).
     """
-    facts = output_facts(program, policy=policy, exact=exact, backend=backend)
-    return report(facts, dialect_of(program), source="lowering" if exact else "analysis")
+    program = require_exported_program(program, "inspect")
+    target = target_for(program, device, resolve_backend(backend, function="inspect"), "inspect")
+    facts = output_facts(program, policy=policy, exact=exact, backend=backend, device=target)
+    return report(facts, dialect_of(program), source="lowering" if exact else "analysis", device=str(target))
 
 
 def _backend(program: ExportedProgram, backend: Any, function: str) -> Optional[Backend]:
@@ -80,6 +105,7 @@ def densify_outputs(
     pushdown: bool = False,
     backend: Any = None,
     inductor_configs: Optional[dict] = None,
+    device: Any = None,
 ) -> ExportedProgram:
     """A new program whose every user output comes back dense in its target layout.
 
@@ -106,6 +132,12 @@ def densify_outputs(
     exact (``strideguard.pushdown``): dense by construction, with less
     compute. Values may then differ from the original's by rounding (a
     smaller GEMM); ``verify(..., reference=program)`` measures by how much.
+
+    ``device`` is the device the program is compiled for, as in ``inspect``:
+    the decisions and the proof are Inductor's lowering for that device (on
+    fake tensors where it is not here), and the proof names it
+    (``Proof.target``). Where that lowering cannot run here, every tensor
+    output is copied and the proof lists them all as unproven, with why.
     """
     program = require_exported_program(program, "densify_outputs")
     require_flag(break_aliases, "break_aliases", "densify_outputs")
@@ -113,14 +145,15 @@ def densify_outputs(
     backend = _backend(program, backend, "densify_outputs")
     _require_configs(inductor_configs, "densify_outputs")
     pushdowns = Pushdowns.APPLIED if require_flag(pushdown, "pushdown", "densify_outputs") else Pushdowns.NONE
-    options = dict(break_aliases=break_aliases, backend=backend, pushdowns=pushdowns)
+    target = target_for(program, device, backend, "densify_outputs")
+    options = dict(break_aliases=break_aliases, backend=backend, pushdowns=pushdowns, target=target)
     if not exact:
         return transformed(program, EXECUTORCH, **options)[0]
 
     def lower(candidate: ExportedProgram):
-        return lower_as_compiled(candidate, backend=backend, inductor_configs=inductor_configs)
+        return lower_as_compiled(candidate, backend=backend, inductor_configs=inductor_configs, target=target)
 
-    return fixed_and_proven(program, EXECUTORCH, lower, **options)[0]
+    return fixed_and_proven(program, EXECUTORCH, lower, falls_back=True, **options)[0]
 
 
 def prepare_for_aoti(
@@ -131,6 +164,7 @@ def prepare_for_aoti(
     exact: bool = False,
     pushdown: bool = False,
     backend: Any = None,
+    device: Any = None,
 ) -> ExportedProgram:
     """Make an ATen or Edge program ready for AOTInductor.
 
@@ -143,7 +177,7 @@ def prepare_for_aoti(
     Inductor's lowering which outputs need the copy and closes the loop on the
     result, ``backend`` names the AOTI backend whose own passes run after these,
     and ``pushdown`` moves returned pieces into their producers first, as in
-    ``densify_outputs``.
+    ``densify_outputs``; ``device`` as in ``densify_outputs``.
     """
     program = require_exported_program(program, "prepare_for_aoti")
     flags = (("copy_outputs", copy_outputs), ("break_aliases", break_aliases), ("exact", exact), ("pushdown", pushdown))
@@ -151,19 +185,21 @@ def prepare_for_aoti(
         require_flag(value, name, "prepare_for_aoti")
     backend = _backend(program, backend, "prepare_for_aoti")
     if not dialect_of(program).is_edge:
-        return densify_outputs(program, break_aliases=break_aliases, exact=exact, pushdown=pushdown)
+        return densify_outputs(program, break_aliases=break_aliases, exact=exact, pushdown=pushdown, device=device)
+    target = target_for(program, device, backend, "prepare_for_aoti")
     options = dict(
         break_aliases=break_aliases, copy_outputs=copy_outputs, update_values=False, backend=backend,
-        pushdowns=Pushdowns.APPLIED if pushdown else Pushdowns.NONE,
+        pushdowns=Pushdowns.APPLIED if pushdown else Pushdowns.NONE, target=target,
     )
     if not (exact and copy_outputs):
         return transformed(program, STRIDEGUARD, **options)[0]
     return fixed_and_proven(
         program,
         STRIDEGUARD,
-        lambda candidate: lower_as_compiled(candidate, policy=STRIDEGUARD, backend=backend),
+        lambda candidate: lower_as_compiled(candidate, policy=STRIDEGUARD, backend=backend, target=target),
         # preprocess runs ExecuTorch's own view pass on what prepare_for_aoti converted, then the backend's.
-        lower_fixed=lambda candidate: lower_as_compiled(candidate, backend=backend),
+        lower_fixed=lambda candidate: lower_as_compiled(candidate, backend=backend, target=target),
+        falls_back=True,
         **options,
     )[0]
 
@@ -205,10 +241,12 @@ def compile_proven(
         )
     configs["_pre_fusion_custom_pass"] = ExternKernelMemory()
 
-    def lower(candidate: ExportedProgram):
-        return lower_as_compiled(candidate, inductor_configs=inductor_configs)
+    target = target_for(program, None, None, "aoti_compile_and_package")
 
-    fixed, _, proof = fixed_and_proven(program, EXECUTORCH, lower, keeps_kernel_memory=True)
+    def lower(candidate: ExportedProgram):
+        return lower_as_compiled(candidate, inductor_configs=inductor_configs, target=target)
+
+    fixed, _, proof = fixed_and_proven(program, EXECUTORCH, lower, keeps_kernel_memory=True, target=target)
     path = torch._inductor.aoti_compile_and_package(fixed, package_path=package_path, inductor_configs=configs)
     return path, proof
 

@@ -17,7 +17,9 @@ with that reason rather than guess.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -32,6 +34,11 @@ _KNOWN_MODULES = {
     "StrideguardCpuAotiBackend": "strideguard.testing.executorch_cpu",
 }
 """Where the AOTI backends ExecuTorch ships (and strideguard's CPU twin of them) are defined."""
+
+_DEVICE_BY_NAME = {"CudaBackend": "cuda", "MetalBackend": "mps", "StrideguardCpuAotiBackend": "cpu"}
+"""The device each of those compiles for, for when its module cannot be imported here."""
+
+_NEEDS_THE_DEVICE = ("aot_inductor.emit_multi_arch_kernel", "triton.autotune_at_compile_time")
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,37 @@ class Backend:
 
     def decomposition_table(self) -> dict:
         return dict(self.cls.get_decomposition_table()) if self.cls is not None else {}
+
+    @property
+    def device_kind(self) -> Optional[str]:
+        """The device the backend compiles for (its ``get_device_name()``; by name where it cannot be loaded)."""
+        if self.cls is not None and hasattr(self.cls, "get_device_name"):
+            name = str(self.cls.get_device_name())
+            return {"metal": "mps"}.get(name, name)
+        return _DEVICE_BY_NAME.get(self.name)
+
+    def compile_context(self) -> Any:
+        """The context the backend compiles in (``get_extra_aoti_compile_context_manager``; ``CudaBackend``
+        restricts any SDPA its passes left to the math kernel there)."""
+        factory = getattr(self.cls, "get_extra_aoti_compile_context_manager", None) if self.cls is not None else None
+        return factory(list(self.compile_specs)) if factory is not None else contextlib.nullcontext()
+
+    def lowering_options(self) -> tuple[dict, tuple[str, ...]]:
+        """The backend's AOTI compile options (``get_aoti_compile_options``) that a lowering without its device
+        can apply, and the names of those it cannot: autotuning benchmarks kernels on the device (it picks
+        among GEMM and convolution kernels; each writes the layout Inductor fixed for it)."""
+        if self.cls is None or not hasattr(self.cls, "get_aoti_compile_options"):
+            return {}, ()
+        saved = dict(os.environ)
+        try:
+            # CudaBackend sets CUDA environment variables for its own compile while answering.
+            options = dict(self.cls.get_aoti_compile_options(list(self.compile_specs)))
+        finally:
+            if os.environ != saved:
+                os.environ.clear()
+                os.environ.update(saved)
+        dropped = tuple(name for name in options if name in _NEEDS_THE_DEVICE or name.startswith("max_autotune"))
+        return {name: value for name, value in options.items() if name not in dropped}, dropped
 
 
 def resolve_backend(backend: Any, compile_specs: Optional[Sequence[Any]] = None, *, function: str) -> Optional[Backend]:

@@ -82,6 +82,16 @@ Exact = Annotated[
     ),
 ]
 Debug = Annotated[bool, typer.Option("--debug", help="On errors, show the traceback; show torch's warnings.")]
+TargetDevice = Annotated[
+    Optional[str],
+    typer.Option(
+        "--device",
+        help="The device the program is compiled for: cpu, cuda (sm90 assumed without a GPU), cuda:sm87, ... "
+        "With --exact, Inductor's lowering for it runs here, on fake tensors where the device is not. "
+        "Default: the device of the program's tensors.",
+        show_default=False,
+    ),
+]
 
 
 @contextlib.contextmanager
@@ -203,6 +213,7 @@ def inspect_command(
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace the --plot file if it exists.")] = False,
     exact: Exact = False,
+    device: TargetDevice = None,
     debug: Debug = False,
 ) -> None:
     """Show every user output as AOTInductor will return it, and what fix would insert."""
@@ -210,7 +221,7 @@ def inspect_command(
         if plot is not None:
             check_output_path(plot, input_path=program, overwrite=force)
         loaded = load_program(program)
-        report = inspect(loaded, exact=exact)
+        report = inspect(loaded, exact=exact, device=device)
     if plot is not None:
         with _running(f"writing the plot {plot}", debug, json_output):
             _write_plot(loaded, report, plot, program, force)
@@ -218,7 +229,7 @@ def inspect_command(
         _print_json(report.to_dict())
     else:
         console = _stdout()
-        _print_layout(console, f"{program}: {len(report.outputs)} user outputs ({report.dialect})", report)
+        _print_layout(console, f"{program}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report)
         if plot is not None:
             console.print(f"wrote {plot}")
     raise typer.Exit(0 if report.ok else 1)
@@ -262,6 +273,7 @@ def fix(
             "(less compute, no copy; values may round differently: check with verify --reference PROGRAM).",
         ),
     ] = False,
+    device: TargetDevice = None,
     debug: Debug = False,
 ) -> None:
     """Write PROGRAM with one copy per output that would come back strided; PROGRAM is never modified."""
@@ -269,21 +281,26 @@ def fix(
     with _running("fix", debug):
         check_output_path(output, input_path=program, overwrite=force)
         loaded = load_program(program)
-        fixed = transform(loaded, break_aliases=break_aliases, exact=exact, pushdown=pushdown)
-        report = inspect(fixed, exact=exact)
+        fixed = transform(loaded, break_aliases=break_aliases, exact=exact, pushdown=pushdown, device=device)
+        report = inspect(fixed, exact=exact, device=device)
         save_program(fixed, output, input_path=program, overwrite=force)
     console = _stdout()
     console.print(f"wrote {output} (prepared for {platform.value}; {program} unchanged)")
     if exact:
         console.print(_proven(fixed.graph_module.meta[PROOF_KEY]))
-    _print_layout(console, f"{output}: {len(report.outputs)} user outputs ({report.dialect})", report)
+    _print_layout(console, f"{output}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report)
     raise typer.Exit(0 if report.ok else 1)
 
 
 def _proven(proof: Proof) -> str:
+    if proof.unproven:
+        return f"outputs {list(proof.unproven)} are not proven in their layout for {proof.target}: {proof.unproven_reason}"
     repaired = f"; copies strengthened for outputs {list(proof.strengthened)}" if proof.strengthened else ""
     rounds = "1 lowering" if proof.rounds == 1 else f"{proof.rounds} lowerings"
-    return f"every user output proven in its layout by Inductor's lowering of the fixed program ({rounds}, {proof.seconds:.1f} s{repaired})"
+    return (
+        f"every user output proven in its layout by Inductor's lowering of the fixed program for {proof.target} "
+        f"({rounds}, {proof.seconds:.1f} s{repaired})"
+    )
 
 
 @contextlib.contextmanager

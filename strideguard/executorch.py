@@ -32,8 +32,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind as OutputSpecKind, OutputSpec, TensorArgument
 from torch.fx.passes.infra.pass_base import PassResult
 
-from .backends import resolve_backend
+from .backends import resolve_backend, unavailable_note
 from .proof import Proof, fixed_and_proven
+from .targets import target_for
 from .rewrite import Pushdowns, fix_graph_in_place, lower_as_compiled, transformed
 from .dialect import dialect_of, dialect_of_graph
 from .view_conversion import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
@@ -70,6 +71,12 @@ class DenseOutputsPass(ExportedProgramPassBase):
     Inductor's lowering through that backend's pipeline, and the fixed program
     is lowered again and repaired until every output is proven in layout
     (``strideguard.proof``; ``LayoutNotReached`` otherwise).
+
+    The lowering is for the device the backend compiles for (``CudaBackend``:
+    CUDA, compute capability sm90 unless ``device`` names another, e.g.
+    ``"cuda:sm87"``; on fake tensors where no GPU is here). Where the
+    backend's own passes cannot run here, a warning is logged and the
+    ``Proof`` lists every output as unproven, with why.
     """
 
     def __init__(
@@ -81,12 +88,19 @@ class DenseOutputsPass(ExportedProgramPassBase):
         exact: bool = False,
         backend: Any = None,
         compile_specs: Optional[Sequence[Any]] = None,
+        device: Any = None,
     ):
         self.copy_outputs = require_flag(copy_outputs, "copy_outputs", "executorch.DenseOutputsPass")
         self.break_aliases = require_flag(break_aliases, "break_aliases", "executorch.DenseOutputsPass")
         self.pushdown = require_flag(pushdown, "pushdown", "executorch.DenseOutputsPass")
         self.exact = require_flag(exact, "exact", "executorch.DenseOutputsPass")
         self.backend = resolve_backend(backend, compile_specs, function="executorch.DenseOutputsPass")
+        self.device = device
+        if self.backend is not None and not self.backend.available:
+            logger.warning(
+                "strideguard: %s; DenseOutputsPass copies every output in a form that holds whatever they do, "
+                "and proves none", unavailable_note(self.backend),
+            )
         self.proof: Optional[Proof] = None
         """How the last program this pass fixed with ``exact=True`` was proven."""
 
@@ -96,12 +110,14 @@ class DenseOutputsPass(ExportedProgramPassBase):
             break_aliases=self.break_aliases, copy_outputs=self.copy_outputs, backend=self.backend,
             pushdowns=Pushdowns.APPLIED if self.pushdown else Pushdowns.NONE,
         )
+        target = target_for(program, self.device, self.backend, "executorch.DenseOutputsPass")
+        options["target"] = target
         if self.exact and self.copy_outputs:
 
             def lower(candidate: ExportedProgram):
-                return lower_as_compiled(candidate, backend=self.backend)
+                return lower_as_compiled(candidate, backend=self.backend, target=target)
 
-            program, changed, self.proof = fixed_and_proven(program, EXECUTORCH, lower, **options)
+            program, changed, self.proof = fixed_and_proven(program, EXECUTORCH, lower, falls_back=True, **options)
             changed = changed or bool(self.proof.strengthened)
         else:
             program, changed = transformed(program, EXECUTORCH, **options)

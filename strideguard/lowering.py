@@ -24,6 +24,7 @@ user inputs' fake values, as ``AotiBackend.preprocess`` does.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
@@ -35,6 +36,7 @@ from torch._inductor.custom_graph_pass import CustomSchedulerPass
 from torch._inductor.utils import sympy_product
 
 from . import layout
+from .targets import CPU, LoweringUnavailable, Target
 
 _HOOK = "_pre_fusion_custom_pass"
 
@@ -56,6 +58,16 @@ class LoweredOutput:
     """It has a size-one dimension and may be written into memory an extern kernel allocated (in place, or
     reused once freed), whose strides in size-one dimensions are the kernel's, not Inductor's model of
     them (``ExternKernelMemory``): ``strides`` may then not be what it returns."""
+    alternatives: tuple = ()
+    """Its strides under each other kernel choice the target device could make at compile time (CUDA's SDPA
+    backend, where ``sdp_utils``' choice is not decided by what is known here); empty where there is one."""
+    undecided: Optional[str] = None
+    """Why the device's kernel choice is not decided here, where ``alternatives`` differ from ``strides``."""
+
+    @property
+    def every_strides(self) -> tuple:
+        """``strides`` and each alternative: the output is in a layout only if it is under every choice."""
+        return (self.strides, *self.alternatives)
 
 
 @dataclass(frozen=True)
@@ -68,10 +80,12 @@ class Lowering:
     """The AOTI backend whose ``preprocess`` passes ran before Inductor (``None``: ExecuTorch's view pass only)."""
     unavailable: Optional[str] = None
     """Why that backend's own passes could not run here; its outputs are then not decided by this lowering."""
-
-
-class LoweringUnavailable(RuntimeError):
-    """This torch's Inductor has no hook to stop after lowering."""
+    target: Target = CPU
+    """The device Inductor lowered for (``strideguard.targets``)."""
+    kernel_choices: tuple = ()
+    """The device's kernel choices this lowering followed (``strideguard.attention_kernels.KernelChoice``)."""
+    options_not_applied: tuple[str, ...] = ()
+    """The backend's compile options a lowering without its device cannot apply (autotuning)."""
 
 
 class _Lowered(Exception):
@@ -83,25 +97,37 @@ class _Lowered(Exception):
 
 
 def lower_outputs(
-    program: ExportedProgram, example_inputs: Optional[Any] = None, *, inductor_configs: Optional[dict] = None
+    program: ExportedProgram,
+    example_inputs: Optional[Any] = None,
+    *,
+    inductor_configs: Optional[dict] = None,
+    target: Target = CPU,
 ) -> Lowering:
     """Lower an ATen ``program`` as ``aoti_compile_and_package`` would and read each user output's layout.
 
     ``example_inputs`` (a tuple, or ``(args, kwargs)``) defaults to the
     program's stored ones, and else to the fake values of its user inputs,
     which keep its dynamic dimensions symbolic. ``inductor_configs`` are the
-    options the program will be compiled with (they can change layouts).
+    options the program will be compiled with (they can change layouts). ``target`` is the device it is
+    compiled for (``strideguard.targets``); for a device this machine lacks, the lowering runs on fake
+    tensors of that device (``strideguard.fake_device``), from the program's own fake values.
     """
     from .dialect import dialect_of
 
     if dialect_of(program).is_edge:
         raise ValueError("strideguard: lower_outputs takes an ATen program; use lower_edge_outputs for Edge")
-    args, kwargs = _inputs(program, example_inputs)
+    args, kwargs = _inputs(program, None if not target.is_cpu else example_inputs)
     module = program.module(check_guards=False)
-    return _with_program_symbols(_lower(module, args, kwargs, inductor_configs), program)
+    return _with_program_symbols(_lower(module, args, kwargs, inductor_configs, target, _fake_mode(program)), program)
 
 
-def lower_edge_outputs(program: ExportedProgram, *, convert_views: Optional[Any] = None, backend: Optional[Any] = None) -> Lowering:
+def lower_edge_outputs(
+    program: ExportedProgram,
+    *,
+    convert_views: Optional[Any] = None,
+    backend: Optional[Any] = None,
+    target: Target = CPU,
+) -> Lowering:
     """Lower an Edge ``program`` as ExecuTorch's AOTI backend does inside ``preprocess``.
 
     ``convert_views`` turns view copies into views on a copy of the graph
@@ -110,16 +136,32 @@ def lower_edge_outputs(program: ExportedProgram, *, convert_views: Optional[Any]
     lower the graph as it is (a program ``prepare_for_aoti`` already
     converted). ``backend`` (a ``strideguard.backends.Backend``) adds what
     that backend's ``preprocess`` runs next: its custom passes and its
-    decomposition table (``strideguard.backends.run_pipeline``).
+    decomposition table (``strideguard.backends.run_pipeline``). ``target`` as for ``lower_outputs``.
     """
     from .backends import run_pipeline, unavailable_note
 
     converted = run_pipeline(program, backend, convert_views or executorch_view_pass())
     names = set(converted.graph_signature.user_inputs)
     fake_inputs = tuple(n.meta["val"] for n in converted.graph.find_nodes(op="placeholder") if n.name in names)
-    lowering = _with_program_symbols(_lower(converted.module(), fake_inputs, {}), program)
+    options, dropped, context = None, (), contextlib.nullcontext()
+    if backend is not None and backend.available and not target.is_cpu:
+        options, dropped = backend.lowering_options()
+        context = backend.compile_context()
+    with context:
+        lowering = _with_program_symbols(
+            _lower(converted.module(), fake_inputs, {}, options, target, _fake_mode(converted)), program
+        )
     note = unavailable_note(backend)
-    return replace(lowering, backend=backend.name if backend is not None else None, unavailable=note)
+    return replace(
+        lowering, backend=backend.name if backend is not None else None, unavailable=note, options_not_applied=dropped
+    )
+
+
+def _fake_mode(program: ExportedProgram):
+    from torch._guards import detect_fake_mode
+
+    values = [n.meta.get("val") for n in program.graph.find_nodes(op="placeholder")]
+    return detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
 
 
 def _with_program_symbols(lowering: Lowering, program: ExportedProgram) -> Lowering:
@@ -172,14 +214,56 @@ def _inputs(program: ExportedProgram, example_inputs: Optional[Any]) -> tuple[tu
     return tuple(example_inputs), {}
 
 
-def _lower(module: torch.fx.GraphModule, args: tuple, kwargs: dict, inductor_configs: Optional[dict] = None) -> Lowering:
+def _lower(
+    module: torch.fx.GraphModule,
+    args: tuple,
+    kwargs: dict,
+    inductor_configs: Optional[dict] = None,
+    target: Target = CPU,
+    fake_mode: Any = None,
+) -> Lowering:
     if not hasattr(torch._inductor.config, _HOOK):
         raise LoweringUnavailable(
             f"strideguard: torch {torch.__version__}'s Inductor has no {_HOOK} hook; "
             "the lowering oracle cannot stop before code generation"
         )
+    if target.is_cpu:
+        return replace(_lower_once(module, args, kwargs, inductor_configs or {}), target=target)
+    from . import attention_kernels, fake_device
+
+    fake_device.require_supported(target)
+    module, flat = fake_device.on_target(module, target, fake_mode)
+    in_spec = getattr(module, "_in_spec", None)
+    args, kwargs = torch.utils._pytree.tree_unflatten(list(flat), in_spec) if in_spec is not None else (flat, {})
+    choices = attention_kernels.choices(module.graph, target)
+    options = {**(inductor_configs or {}), **fake_device.OPTIONS}
+    lowerings = []
+    for scenario in attention_kernels.scenarios(choices):
+        chosen = attention_kernels.with_kernels(module, scenario, target.torch_device)
+        with fake_device.lowering_for(target):
+            lowerings.append(_lower_once(chosen, args, kwargs, options))
+    return replace(_merged(lowerings, choices), target=target, kernel_choices=tuple(choices))
+
+
+def _merged(lowerings: list[Lowering], choices: list) -> Lowering:
+    """One lowering per scenario of undecided kernel choices, as one: an output whose strides differ carries
+    the others as ``alternatives``, with why the choice is not decided."""
+    first, rest = lowerings[0], lowerings[1:]
+    why = "; ".join(choice.undecided for choice in choices if choice.undecided)
+    outputs = []
+    for index, lowered in enumerate(first.outputs):
+        if lowered is None or not rest:
+            outputs.append(lowered)
+            continue
+        others = tuple(other.outputs[index].strides for other in rest)
+        differing = tuple(strides for strides in others if tuple(strides) != tuple(lowered.strides))
+        outputs.append(replace(lowered, alternatives=differing, undecided=why if differing else None))
+    return replace(first, outputs=tuple(outputs), seconds=sum(lowering.seconds for lowering in lowerings))
+
+
+def _lower_once(module: torch.fx.GraphModule, args: tuple, kwargs: dict, inductor_configs: dict) -> Lowering:
     options = {
-        **(inductor_configs or {}),
+        **inductor_configs,
         "aot_inductor.package": True,
         _HOOK: _read_outputs_and_stop,
         # A cached compile skips lowering, and with it the hook.

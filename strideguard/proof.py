@@ -28,6 +28,7 @@ from torch.export import ExportedProgram
 from . import layout
 from .dialect import dialect_of, target_dim_orders
 from .lowering import Lowering, LoweredOutput
+from .targets import LoweringUnavailable
 from .passes.insert_output_copies import CopyForm, copied_source, insert_copy
 from .program import copy_form_of, copy_graph, output_values, rebuild, user_outputs
 from .view_conversion import ConversionPolicy
@@ -54,7 +55,12 @@ class Proof:
     """User outputs in layout in Inductor's lowering that a compile may still write into memory an extern
     kernel allocated, with the kernel's own strides in size-one dimensions (``LoweredOutput.kernel_memory``).
     ``strideguard.aoti_compile_and_package`` compiles with ``lowering.ExternKernelMemory``, which rules that
-    out; a compile strideguard does not run cannot be told to, and these are then left unproven (logged)."""
+    out; a compile strideguard does not run cannot be told to, and these are then left unproven (logged).
+    Where part of the pipeline could not run (a backend's own passes), every output is unproven."""
+    target: str = "cpu"
+    """The device the lowering was for (``strideguard.targets.Target``, in words)."""
+    unproven_reason: Optional[str] = None
+    """Why ``unproven`` are not proven, in words."""
 
 
 @dataclass(frozen=True)
@@ -105,16 +111,12 @@ def prove_layouts(
         lowered_seconds += lowering.seconds
         wrong = _out_of_layout(fixed, lowering)
         if not wrong:
-            unproven = () if keeps_kernel_memory else tuple(
-                index for index, lowered in enumerate(lowering.outputs) if lowered is not None and lowered.kernel_memory
-            )
+            unproven, why = _unproven(lowering, keeps_kernel_memory)
             if unproven:
-                logger.warning(
-                    "strideguard: outputs %s may be computed into memory an extern kernel allocated, with its own "
-                    "strides in size-one dimensions; strideguard.aoti_compile_and_package compiles so that they "
-                    "are not", list(unproven),
-                )
-            proof = Proof(round_number, lowered_seconds, tuple(strengthened), lowering.backend, unproven)
+                logger.warning("strideguard: outputs %s are not proven in their layout: %s", list(unproven), why)
+            proof = Proof(
+                round_number, lowered_seconds, tuple(strengthened), lowering.backend, unproven, str(lowering.target), why
+            )
             fixed.graph_module.meta[PROOF_KEY] = proof
             return fixed, proof
         unreachable = [
@@ -138,14 +140,55 @@ def fixed_and_proven(
     *,
     lower_fixed: Optional[Callable[[ExportedProgram], Lowering]] = None,
     keeps_kernel_memory: bool = False,
+    falls_back: bool = False,
     **options,
 ) -> tuple[ExportedProgram, int, Proof]:
     """``transformed`` with its copies decided by Inductor's lowering (``lower``) of the program planned on
     (``program``, or its working copy with the pushdowns applied), then the loop closed on the result with
-    ``lower_fixed`` (by default ``lower``): the fixed program, the nodes the fix changed, and its ``Proof``."""
-    fixed, changed = transformed(program, policy, lower=lower, **options)
+    ``lower_fixed`` (by default ``lower``): the fixed program, the nodes the fix changed, and its ``Proof``.
+    With ``falls_back``, where the lowering cannot run here (``LoweringUnavailable``), every tensor output is
+    copied instead and the ``Proof`` lists them all as unproven, with why (logged); otherwise it raises."""
+    try:
+        fixed, changed = transformed(program, policy, lower=lower, **options)
+    except LoweringUnavailable as error:
+        if not falls_back:
+            raise
+        return _copied_unproven(program, policy, str(error), options)
     fixed, proof = prove_layouts(fixed, lower_fixed or lower, keeps_kernel_memory=keeps_kernel_memory)
     return fixed, changed, proof
+
+
+def _copied_unproven(program: ExportedProgram, policy: ConversionPolicy, why: str, options: dict):
+    """Where the target's lowering cannot run here: every tensor output copied, and none claimed proven."""
+    fixed, changed = transformed(program, policy, lowering_unavailable=why, **options)
+    outputs = user_outputs(fixed.graph_signature)
+    returned = output_values(fixed.graph)
+    tensors = tuple(
+        out.index for out in outputs
+        if isinstance(getattr(returned[out.position], "meta", {}).get("val"), torch.Tensor)
+    )
+    target = options.get("target")
+    backend = options.get("backend")
+    logger.warning("strideguard: outputs %s are copied but not proven in their layout: %s", list(tensors), why)
+    proof = Proof(0, 0.0, (), getattr(backend, "name", None), tensors, str(target or "cpu"), why)
+    fixed.graph_module.meta[PROOF_KEY] = proof
+    return fixed, changed, proof
+
+
+def _unproven(lowering: Lowering, keeps_kernel_memory: bool) -> tuple[tuple[int, ...], Optional[str]]:
+    """The outputs a lowering in layout still does not prove, and why."""
+    tensors = [index for index, lowered in enumerate(lowering.outputs) if lowered is not None]
+    if lowering.unavailable:
+        return tuple(tensors), f"{lowering.unavailable}; each is copied in a form that holds whatever they do"
+    if keeps_kernel_memory:
+        return (), None
+    at_risk = tuple(index for index in tensors if lowering.outputs[index].kernel_memory)
+    if not at_risk:
+        return (), None
+    return at_risk, (
+        "they may be computed into memory an extern kernel allocated, with its own strides in size-one "
+        "dimensions; strideguard.aoti_compile_and_package compiles so that they are not"
+    )
 
 
 def _position(program: ExportedProgram, index: int) -> int:
@@ -162,7 +205,7 @@ def _out_of_layout(program: ExportedProgram, lowering: Lowering) -> list[tuple[i
     for index, (order, lowered) in enumerate(zip(orders, lowering.outputs)):
         if order is None or lowered is None:
             continue
-        if layout.has_layout(lowered.shape, lowered.strides, order) is not True:
+        if any(layout.has_layout(lowered.shape, strides, order) is not True for strides in lowered.every_strides):
             wrong.append((index, lowered, order))
     return wrong
 

@@ -71,6 +71,10 @@ class Reason(str, Enum):
     """Returned with other strides than its target layout's."""
     INDUCTOR_DECIDES = "inductor-decides"
     """Inductor lays it out by a choice the graph does not show; copied (``inspect(exact=True)`` asks it)."""
+    KERNEL_DECIDES = "kernel-decides"
+    """The device picks the kernel that lays it out when the program is compiled (CUDA's attention kernel,
+    where torch's rules depend on what is not known here: the cuDNN version, a symbolic size); copied in a
+    form that holds whichever it picks, and the closed loop lowers every candidate."""
     SYMBOLIC = "symbolic"
     """Its strides are symbolic and cannot be proven those of its target layout; copied."""
     BACKEND_DECIDES = "backend-decides"
@@ -171,6 +175,9 @@ class LayoutReport:
     outputs: tuple[OutputLayout, ...]
     source: str = "analysis"
     """``analysis`` (the graph alone) or ``lowering`` (Inductor's own lowering, ``inspect(exact=True)``)."""
+    device: str = "cpu"
+    """The device the layouts are for (``strideguard.targets.Target`` in words: kind, compute capability
+    assumed, and whether the device was here or the lowering ran on fake tensors)."""
 
     @property
     def ok(self) -> bool:
@@ -185,6 +192,7 @@ class LayoutReport:
             "ok": self.ok,
             "dialect": self.dialect,
             "source": self.source,
+            "device": self.device,
             "outputs": [o.to_dict() for o in self.outputs],
         }
 
@@ -192,7 +200,7 @@ class LayoutReport:
         return json.dumps(self.to_dict(), **kwargs)
 
     def __str__(self) -> str:
-        lines = [f"{'ok' if self.ok else 'NOT OK'}: {len(self.outputs)} user outputs ({self.dialect})"]
+        lines = [f"{'ok' if self.ok else 'NOT OK'}: {len(self.outputs)} user outputs ({self.dialect}, for {self.device})"]
         for o in self.outputs:
             c = o.cells()
             if o.kind is not OutputKind.TENSOR:
@@ -200,7 +208,7 @@ class LayoutReport:
                 continue
             alias = f", aliases {c['aliases']}" if o.aliases else ""
             cause = f", {c['cause']}" if o.cause else ""
-            mark = "dense" if o.ok else "STRIDED"
+            mark = "dense" if o.ok else "undecided" if o.in_target_layout is None else "STRIDED"
             lines.append(
                 f"  [{c['#']}] {c['name']}: {c['shape']} {c['dtype']} strides {c['strides']} {mark}{cause}{alias} "
                 f"-> {o.action.value} ({o.reason.value})"

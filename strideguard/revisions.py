@@ -37,7 +37,14 @@ def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFa
         shown = list(layout.format_strides(strides))
         if lowered.copied_by_wrapper:
             explanation += " (its wrapper returns a copy of a weight's view)"
-        if lowered.kernel_memory and in_target is True:
+        if lowered.alternatives:
+            others = " or ".join(str(list(layout.format_strides(alternative))) for alternative in lowered.alternatives)
+            in_target, reason = None, Reason.KERNEL_DECIDES
+            explanation = (
+                f"Inductor's lowering for {lowering.target} returns strides {shown} or {others}, by the kernel the "
+                f"device picks when it compiles ({lowered.undecided})"
+            )
+        elif lowered.kernel_memory and in_target is True:
             in_target, reason = None, Reason.INDUCTOR_DECIDES
             explanation = (
                 f"Inductor's lowering lays it out {shown}, but it may be computed into memory an extern kernel "

@@ -33,9 +33,11 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
 from .analysis import OutputFacts, analyze_outputs
+from .attention_kernels import laid_out_by_kernel
 from .backends import Backend, BackendRewrites, backend_rewrites
 from .dialect import Dialect, dialect_of, promised_dim_order, verifier_accepts
 from .lowering import Lowering, executorch_view_pass, lower_edge_outputs, lower_outputs
+from .targets import CPU, Target
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
 from .passes.insert_output_copies import insert_output_copies
 from .passes.push_pieces_into_producers import push_pieces_into_producers
@@ -201,17 +203,18 @@ def lower_as_compiled(
     policy: ConversionPolicy = EXECUTORCH,
     backend: Optional[Backend] = None,
     inductor_configs: Optional[dict] = None,
+    target: Target = CPU,
 ) -> Lowering:
-    """Inductor's lowering of ``program`` as the AOTI path compiles it: an ATen program as it is (with
-    ``inductor_configs``); an Edge program with its view copies converted under ``policy``, then by the
-    installed ExecuTorch's own pass, which its AOTI backend always runs, then by ``backend``'s own passes
+    """Inductor's lowering of ``program`` for ``target`` as the AOTI path compiles it: an ATen program as it
+    is (with ``inductor_configs``); an Edge program with its view copies converted under ``policy``, then by
+    the installed ExecuTorch's own pass, which its AOTI backend always runs, then by ``backend``'s own passes
     and decomposition table, as its ``preprocess`` runs them."""
     if not dialect_of(program).is_edge:
-        return lower_outputs(program, inductor_configs=inductor_configs)
+        return lower_outputs(program, inductor_configs=inductor_configs, target=target)
     if policy is EXECUTORCH:
-        return lower_edge_outputs(program, backend=backend)
+        return lower_edge_outputs(program, backend=backend, target=target)
     if policy is NO_CONVERSION:
-        return lower_edge_outputs(program, convert_views=lambda graph_module: None, backend=backend)
+        return lower_edge_outputs(program, convert_views=lambda graph_module: None, backend=backend, target=target)
 
     accepts = verifier_accepts(program) if policy.careful else None
 
@@ -219,7 +222,7 @@ def lower_as_compiled(
         convert_views(plan_view_conversion(graph_module.graph, policy, accepts=accepts))
         executorch_view_pass()(graph_module)
 
-    return lower_edge_outputs(program, convert_views=convert_then_executorch, backend=backend)
+    return lower_edge_outputs(program, convert_views=convert_then_executorch, backend=backend, target=target)
 
 
 def program_plan(
@@ -247,9 +250,20 @@ def _plan(
     accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
     options = dict(options)
     backend = options.pop("backend", None)
+    target = options.pop("target", CPU)
     if lower is None and dialect.is_edge:
         # Without a lowering, the nodes the backend's own passes rewrite are copied in a form that holds.
         options["rewrites"] = backend_rewrites(program, backend)
+    unavailable = options.pop("lowering_unavailable", None)
+    if unavailable is not None:
+        # The target's lowering cannot run here: every tensor output is copied in a form that holds.
+        options["rewrites"] = BackendRewrites({}, unavailable)
+    elif lower is None and not target.is_cpu:
+        # Nor can the graph alone say how the device's kernels lay out what they compute.
+        by_kernel = laid_out_by_kernel(graph, target)
+        if by_kernel:
+            known = options.get("rewrites") or BackendRewrites({}, None)
+            options["rewrites"] = BackendRewrites({**by_kernel, **known.rewritten}, known.unavailable)
 
     def lower_planned(planned: torch.fx.Graph) -> Lowering:
         # Planned on the graph as handed: the program itself is what will be compiled.

@@ -345,7 +345,7 @@ def test_fix_exact_says_how_the_fixed_program_was_proven(programs, tmp_path):
     fixed = tmp_path / "fixed.pt2"
     result = strideguard("fix", programs / "policy.pt2", "-o", fixed, "--exact")
     assert result.returncode == 0, result.stderr
-    assert "proven in its layout by Inductor's lowering of the fixed program (1 lowering" in result.stdout
+    assert "proven in its layout by Inductor's lowering of the fixed program for cpu (1 lowering" in result.stdout
     report = json.loads(strideguard("inspect", fixed, "--json", "--exact").stdout)
     assert report["ok"] is True and report["source"] == "lowering"
     assert report["outputs"][0]["strides"] == [112, 14, 1]

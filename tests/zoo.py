@@ -545,3 +545,48 @@ def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directo
         flops_after=graph_flops(fixed.graph), after=strided, max_error=error, source=source,
         left_unread=sorted((Counter(unread_computations(fixed.graph)) - Counter(unread_computations(original.graph))).elements()),
     )
+
+
+@dataclass
+class CudaJudgement:
+    """One model on one path judged by Inductor's CUDA lowering (fake tensors, sm90, no GPU needed)."""
+
+    model: str
+    path: str
+    differs: list[tuple[int, tuple, tuple]]
+    """Outputs of the unfixed program whose CPU and CUDA lowerings disagree: (index, CPU strides, CUDA strides)."""
+    after: list[str]
+    """Outputs of the program fixed for CUDA that its CUDA lowering still returns out of layout (must be empty)."""
+    proof_target: str
+
+
+def judge_cuda(model: ZooModel, path: str, *, compare: bool = False) -> CudaJudgement:
+    """The program fixed for CUDA (``exact=True, device="cuda"``): its proof is the CUDA lowering of the fixed
+    program, every output in its target layout under every kernel choice (``after`` lists those that are not:
+    what ``LayoutNotReached`` would have named). With ``compare``, also lower the unfixed program for the CPU
+    and for CUDA and list where they differ (``make zoo``, docs/benchmarks.md)."""
+    from strideguard.proof import PROOF_KEY
+    from strideguard.targets import resolve_target
+
+    cuda = resolve_target("cuda", function="zoo")
+    program = model.export()
+    lower = lower_outputs
+    if path == "edge":
+        from strideguard.executorch import DenseOutputsPass
+
+        program, lower = edge_of(program, model.edge_exceptions), lower_edge_outputs
+        dense = DenseOutputsPass(exact=True, device="cuda")
+        dense.call(program)
+        proof = dense.proof
+    else:
+        proof = strideguard.densify_outputs(program, exact=True, device="cuda").graph_module.meta[PROOF_KEY]
+    differs = []
+    if compare:
+        before_cpu, before_cuda = lower(program), lower(program, target=cuda)
+        differs = [
+            (index, tuple(cpu.strides), tuple(gpu.strides))
+            for index, (cpu, gpu) in enumerate(zip(before_cpu.outputs, before_cuda.outputs))
+            if cpu is not None and (tuple(cpu.strides) != tuple(gpu.strides) or gpu.alternatives)
+        ]
+    after = [f"output {index} unproven: {proof.unproven_reason}" for index in proof.unproven]
+    return CudaJudgement(model.name, path, differs, after, proof.target)
