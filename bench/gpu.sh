@@ -31,6 +31,9 @@ fi
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 echo "bench/gpu.sh: $("$python" -c 'import sys, torch; print(sys.executable, "torch", torch.__version__, "cuda", torch.version.cuda)')"
+# First the oracle check: the fake-device CUDA lowering's predictions against the real compile, mismatches
+# printed first (bench/gpu_oracle.py, bench/results/gpu_oracle.json); its failure does not stop the rest.
+timeout --signal=INT --kill-after=10 240 "$python" bench/gpu_oracle.py || echo "bench/gpu.sh: the oracle check reported mismatches or failed"
 # Under four minutes: bench/gpu.py writes its JSON after each variant, so a run
 # stopped here keeps what it measured.
 exec timeout --signal=INT --kill-after=10 215 "$python" bench/gpu.py "$@"
