@@ -25,7 +25,8 @@ DEFAULT_CUDA_CAPABILITY = (9, 0)
 
 KINDS = ("cpu", "cuda", "mps")
 
-_CAPABILITY = re.compile(r"^sm_?(\d)(\d+)$")
+_CAPABILITY = re.compile(r"^sm_?(\d+)(\d)$")
+"""``sm87``, ``sm_90``, ``sm100``: the last digit is the minor version (NVIDIA's spelling)."""
 
 
 @dataclass(frozen=True)
