@@ -31,22 +31,31 @@ while strideguard lowers are followed, as torch follows them when it compiles.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true
 
+from .fake_device import sdp_priority_order
 from .targets import Target
 
 FLASH, EFFICIENT, MATH, CUDNN = "flash", "efficient", "math", "cudnn"
 _BY_ENUM = {1: FLASH, 2: EFFICIENT, 0: MATH, 3: CUDNN}
-"""``torch._C._get_sdp_priority_order()``'s numbers (``SDPBackend``)."""
+"""``SDPBackend``'s numbers, as ``fake_device.sdp_priority_order`` gives them."""
 
 aten = torch.ops.aten
+
+_TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+"""The rules here are torch 2.13's (``sdp_utils.cpp`` read at its branch cut, checked against its headers).
+torch 2.14's headers add two things, followed where it is installed: efficient attention takes grouped and
+multi-query attention (``check_batch_size_and_num_heads_dense<..., supports_mqa>``), and unbatched 3-D inputs
+get a batch dimension before a fused kernel (``normalize_unbatched_input``; which kernels do is not in its
+headers, so such inputs are undecided between math and the fused kernels)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,11 @@ def _choice(node: Node, target: Target) -> KernelChoice:
     q, k, v, mask = (_val(call.query), _val(call.key), _val(call.value), _val(call.mask))
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return KernelChoice(node.name, (MATH,))
+    why = []
+    unbatched = _TORCH >= (2, 14) and q.dim() == k.dim() == v.dim() == 3
+    if unbatched:
+        q, k, v, mask = (_batched(t) for t in (q, k, v, mask))
+        why.append(f"torch {torch.__version__} may give unbatched inputs a batch dimension for a fused kernel")
     checks = _Checks(q, k, v, mask, call, target.capability)
     enabled = {
         FLASH: torch.backends.cuda.flash_sdp_enabled(),
@@ -170,9 +184,8 @@ def _choice(node: Node, target: Target) -> KernelChoice:
         MATH: torch.backends.cuda.math_sdp_enabled(),
         CUDNN: torch.backends.cuda.cudnn_sdp_enabled(),
     }
-    order = [_BY_ENUM[number] for number in torch._C._get_sdp_priority_order() if number in _BY_ENUM]
+    order = [_BY_ENUM[number] for number in sdp_priority_order() if number in _BY_ENUM]
     orders = [order]
-    why = []
     preference = _cudnn_preferred(target.capability)
     if preference is None and order[:4] == [FLASH, EFFICIENT, MATH, CUDNN]:
         # torch puts cuDNN first, once per process, on sm90/sm100 with a runtime cuDNN of 9.15.1 or newer.
@@ -191,6 +204,8 @@ def _choice(node: Node, target: Target) -> KernelChoice:
             if usable is True:
                 break
             why.append(checks.open_reason(backend))
+    if unbatched and enabled[MATH] and MATH not in candidates:
+        candidates.append(MATH)
     if not candidates:
         raise RuntimeError(f"strideguard: no SDPA kernel CUDA could run for {node.name} with the backends enabled")
     return KernelChoice(node.name, tuple(candidates), "; ".join(dict.fromkeys(w for w in why if w)) if len(candidates) > 1 else None)
@@ -238,7 +253,7 @@ class _Checks:
             _known(q.size(0) == k.size(0)), _known(k.size(0) == v.size(0)),
         )
 
-    def _heads(self, *, gqa: bool, same_kv_heads: bool = True) -> Optional[bool]:
+    def _heads(self, *, gqa: bool, same_kv_heads: bool = True, mqa: bool = False) -> Optional[bool]:
         q, k, v = self.q, self.k, self.v
         if self.call.enable_gqa and gqa:
             return _all(
@@ -246,7 +261,12 @@ class _Checks:
                 _known(q.size(1) % k.size(1) == 0),
                 _known(q.size(1) % v.size(1) == 0),
             )
-        return _all(_known(q.size(1) == k.size(1)), _known(k.size(1) == v.size(1)))
+        same = _all(_known(q.size(1) == k.size(1)), _known(k.size(1) == v.size(1)))
+        if mqa and same is not True:
+            # One key and value head broadcast to every query head, without enable_gqa.
+            single = _all(_known(k.size(1) == 1), _known(v.size(1) == 1))
+            return True if single is True else None if None in (same, single) else False
+        return same
 
     def flash(self) -> Optional[bool]:
         q, k, v = self.q, self.k, self.v
@@ -276,7 +296,7 @@ class _Checks:
         offsets = True
         if self.capability >= (8, 0):
             offsets = _all(*(_known(t.storage_offset() % alignment == 0) for t in (q, k, v) if isinstance(t.storage_offset(), int)))
-        result = _all(self._common(ignore_singleton_head=False), self._heads(gqa=False), head, offsets)
+        result = _all(self._common(ignore_singleton_head=False), self._heads(gqa=_TORCH >= (2, 14), mqa=_TORCH >= (2, 14)), head, offsets)
         if result is None:
             self.open[EFFICIENT] = "symbolic sizes leave efficient attention's conditions open"
         return result
@@ -301,16 +321,16 @@ class _Checks:
         within_128 = _all(_known(q.size(-1) <= 128), _known(v.size(-1) <= 128))
         within_256 = _all(_known(q.size(-1) <= 256), _known(v.size(-1) <= 256))
         head_limit = within_128 if within_128 is not False else (None if within_256 is not False and self.capability[0] in (9, 10) else False)
-        result = _all(
+        conditions = _all(
             self._common(ignore_singleton_head=False), self._heads(gqa=True, same_kv_heads=False), mask_shape,
             head_multiple, head_limit, _known(k.size(2) != 1), _known(q.size(0) <= 65535), _known(q.size(1) <= 65535),
-            # Every cuDNN condition here may hold; whether the installed cuDNN (9 or newer) takes it is the
-            # compiling machine's: never decided here.
-            None,
         )
-        if result is None:
-            self.open[CUDNN] = "whether cuDNN attention runs depends on the cuDNN version at compile time"
-        return result
+        if conditions is False:
+            return False
+        # Where every condition here may hold, whether the cuDNN installed where the program is compiled
+        # takes it (9 or newer, and its own limits) is never decided here.
+        self.open[CUDNN] = "whether cuDNN attention runs depends on the cuDNN version at compile time"
+        return None
 
 
 def _gemm_alignment(dtype: torch.dtype, capability: tuple[int, int]) -> int:
@@ -321,10 +341,20 @@ def _gemm_alignment(dtype: torch.dtype, capability: tuple[int, int]) -> int:
     return max(alignment, 128 // (torch.finfo(dtype).bits)) if tensor_cores else alignment
 
 
+def _batched(value: Any) -> Any:
+    """A fake value with leading dimensions of one up to 4-D (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    with getattr(value, "fake_mode", None) or contextlib.nullcontext():
+        while value.dim() < 4:
+            value = value.unsqueeze(0)
+    return value
+
+
 def _rewrite(graph: torch.fx.Graph, node: Node, kernel: str, device: torch.device) -> None:
     """Replace ``node`` by what the CUDA composite calls for ``kernel`` (``attention.cpp``)."""
     call = _call_of(node)
-    q_val = _val(call.query)
+    q_val, mask_val = _val(call.query), _val(call.mask)
     head = q_val.size(-1)
     scale = call.scale
 
@@ -337,6 +367,18 @@ def _rewrite(graph: torch.fx.Graph, node: Node, kernel: str, device: torch.devic
         return graph.call_function(operator.getitem, (result, 0))
 
     with graph.inserting_before(node):
+        unbatched = kernel != MATH and q_val.dim() == 3
+        if unbatched:
+            # torch 2.14's normalize_unbatched_input: a batch dimension in front, taken off the result.
+            mask = call.mask
+            if mask is not None:
+                for _ in range(4 - mask_val.dim()):
+                    mask = op(aten.unsqueeze.default, mask, 0)
+                mask_val = _batched(mask_val)
+            call = replace(
+                call, query=op(aten.unsqueeze.default, call.query, 0), key=op(aten.unsqueeze.default, call.key, 0),
+                value=op(aten.unsqueeze.default, call.value, 0), mask=mask,
+            )
         if kernel == MATH:
             out = first(op(
                 aten._scaled_dot_product_attention_math.default, call.query, call.key, call.value, call.mask,
@@ -356,33 +398,34 @@ def _rewrite(graph: torch.fx.Graph, node: Node, kernel: str, device: torch.devic
             if padded:
                 out = op(aten.slice.Tensor, out, -1, 0, head)
         elif kernel == EFFICIENT:
-            mask = _mask_for(op, call, device, pad_bias=True)
+            mask = _mask_for(op, call, mask_val, q_val.dtype, device, pad_bias=True)
             out = first(op(
                 aten._scaled_dot_product_efficient_attention.default, call.query, call.key, call.value, mask,
                 False, call.dropout, call.is_causal, scale=scale,
             ))
         else:
-            mask = _mask_for(op, call, device, pad_bias=False)
+            mask = _mask_for(op, call, mask_val, q_val.dtype, device, pad_bias=False)
             out = first(op(
                 aten._scaled_dot_product_cudnn_attention.default, call.query, call.key, call.value, mask,
                 False, call.dropout, call.is_causal, False, scale=scale,
             ))
+        if unbatched:
+            out = op(aten.squeeze.dim, out, 0)
     out.meta.update({key: node.meta[key] for key in ("stack_trace", "nn_module_stack") if key in node.meta})
     node.replace_all_uses_with(out)
     graph.erase_node(node)
 
 
-def _mask_for(op, call: _Call, device: torch.device, *, pad_bias: bool):
+def _mask_for(op, call: _Call, mask_val: Any, dtype: torch.dtype, device: torch.device, *, pad_bias: bool):
     """The mask as the composite hands it to efficient or cuDNN attention: a boolean mask made additive,
     and for efficient attention padded to aligned strides and expanded to ``[B, H, M, N]``."""
     mask = call.mask
     if mask is None:
         return None
-    mask_val = _val(mask)
     if mask_val.dtype == torch.bool:
         fill = float("-inf") if pad_bias else -65504.0
         inverted = op(aten.logical_not.default, mask)
-        zero = op(aten.scalar_tensor.default, 0.0, dtype=_val(call.query).dtype, device=device)
+        zero = op(aten.scalar_tensor.default, 0.0, dtype=dtype, device=device)
         mask = op(aten.where.ScalarSelf, inverted, fill, zero)
     if not pad_bias:
         return mask
