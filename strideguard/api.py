@@ -16,7 +16,7 @@ from .view_conversion import EXECUTORCH, STRIDEGUARD, ConversionPolicy
 from .program import require_exported_program, require_flag
 from .records import LayoutReport
 from .lowering import ExternKernelMemory
-from .targets import target_for
+from .targets import Target, target_for
 from .proof import Proof, fixed_and_proven
 from .rewrite import Pushdowns, lower_as_compiled, program_plan, transformed
 
@@ -31,6 +31,11 @@ def output_facts(
 ) -> list[OutputFacts]:
     """The facts ``inspect`` reports, with what they were read from: each output's view chain, base and
     fake value as compiled. For tools that draw or explain outputs (the storage plot)."""
+    return _inspected(program, policy, exact, backend, device)[0]
+
+
+def _inspected(program: Any, policy: Any, exact: Any, backend: Any, device: Any) -> tuple[list[OutputFacts], Target]:
+    """``inspect``'s arguments checked, and the facts it reports with the device they are for."""
     program = require_exported_program(program, "inspect")
     require_flag(exact, "exact", "inspect")
     if not isinstance(policy, ConversionPolicy):
@@ -38,7 +43,8 @@ def output_facts(
     backend = _backend(program, backend, "inspect")
     target = target_for(program, device, backend, "inspect")
     lower = (lambda planned: lower_as_compiled(planned, policy=policy, backend=backend, target=target)) if exact else None
-    return list(program_plan(program, policy, lower=lower, backend=backend, target=target, pushdowns=Pushdowns.DESCRIBED).outputs)
+    plan = program_plan(program, policy, lower=lower, backend=backend, target=target, pushdowns=Pushdowns.DESCRIBED)
+    return list(plan.outputs), target
 
 
 def inspect(
@@ -75,15 +81,14 @@ def inspect(
     ``"cuda:sm87"`` (Jetson Orin), a ``torch.device`` or a
     ``strideguard.Target``. By default it follows ``backend`` (``CudaBackend``
     compiles for CUDA) and else the device of the program's tensors. For a
-    device this machine lacks, ``exact`` lowers on fake tensors of that device
-    (``strideguard.fake_device``), and CUDA's attention kernel is chosen by
+    device other than the CPU, ``exact`` lowers on fake tensors of that device
+    (answering for it where it is not here: ``strideguard.fake_device``),
+    and, without a GPU, CUDA's attention kernel is chosen by
     torch's rules (``strideguard.attention_kernels``); an output whose
     layout depends on a choice not decidable here is undecided and copied.
     The report says which device it is for (``LayoutReport.device``).
     """
-    program = require_exported_program(program, "inspect")
-    target = target_for(program, device, resolve_backend(backend, function="inspect"), "inspect")
-    facts = output_facts(program, policy=policy, exact=exact, backend=backend, device=target)
+    facts, target = _inspected(program, policy, exact, backend, device)
     return report(facts, dialect_of(program), source="lowering" if exact else "analysis", device=str(target))
 
 

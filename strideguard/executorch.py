@@ -34,7 +34,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from .backends import resolve_backend, unavailable_note
 from .proof import Proof, fixed_and_proven
-from .targets import target_for
+from .targets import resolve_target, target_for
 from .rewrite import Pushdowns, fix_graph_in_place, lower_as_compiled, transformed
 from .dialect import dialect_of, dialect_of_graph
 from .view_conversion import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
@@ -95,7 +95,7 @@ class DenseOutputsPass(ExportedProgramPassBase):
         self.pushdown = require_flag(pushdown, "pushdown", "executorch.DenseOutputsPass")
         self.exact = require_flag(exact, "exact", "executorch.DenseOutputsPass")
         self.backend = resolve_backend(backend, compile_specs, function="executorch.DenseOutputsPass")
-        self.device = device
+        self.device = resolve_target(device, function="executorch.DenseOutputsPass") if device is not None else None
         if self.backend is not None and not self.backend.available:
             logger.warning(
                 "strideguard: %s; DenseOutputsPass copies every output in a form that holds whatever they do, "

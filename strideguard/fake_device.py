@@ -21,6 +21,9 @@ torch entry point of the CUDA lowering touched:
   Triton before it reaches the pre-fusion hook where the layouts are read;
 * ``graph.is_same_tensor``: Inductor dedupes constants by data pointer, which
   is 0 for every fake tensor; compared by storage instead;
+* ``torch._C._get_sdp_priority_order``: the SDPA kernel priority a user's
+  ``sdpa_kernel(..., set_priority=True)`` sets, for the kernel choice
+  (``strideguard.attention_kernels``);
 * ``FakeTensor.item``/``tolist``: Inductor inlines small constants by their
   values; the fake device tensor answers with its real CPU values (zeros for
   a constant made while tracing: values never reach a layout).
@@ -146,6 +149,12 @@ def _patches(target: Target) -> list:
     ]
 
 
+def sdp_priority_order() -> list[int]:
+    """The order in which torch tries SDPA kernels (``SDPBackend`` numbers), as ``sdpa_kernel(...,
+    set_priority=True)`` leaves it: read by ``strideguard.attention_kernels``."""
+    return list(torch._C._get_sdp_priority_order())
+
+
 def _clear_device_caches() -> None:
     from torch._inductor.runtime.hints import DeviceProperties
 
@@ -197,12 +206,9 @@ def on_target(module: GraphModule, target: Target, fake_mode: Optional[Any]) -> 
     device = target.torch_device
     bases: dict = {}
 
-    def fake(value: torch.Tensor, real: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def fake_input(value: torch.Tensor) -> torch.Tensor:
         with fake_mode:
-            result = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device)
-        if real is not None and real.dim() <= 1 and real.numel() <= 8 and not isinstance(real, torch._subclasses.FakeTensor):
-            setattr(result, _REAL_VALUES_KEY, real.detach())
-        return result
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device)
 
     def fake_weight(value: torch.Tensor) -> torch.Tensor:
         # Weights sharing storage (tied, or views of one another) share a fake storage, as Inductor dedupes them.
@@ -239,7 +245,7 @@ def on_target(module: GraphModule, target: Target, fake_mode: Optional[Any]) -> 
     for node in module.graph.find_nodes(op="placeholder"):
         value = node.meta.get("val")
         if isinstance(value, torch.Tensor):
-            node.meta["val"] = fake(value)
+            node.meta["val"] = fake_input(value)
         inputs.append(node.meta.get("val"))
     def on_device(argument):
         return device if isinstance(argument, torch.device) and argument.type == "cpu" else argument

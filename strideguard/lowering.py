@@ -60,9 +60,8 @@ class LoweredOutput:
     them (``ExternKernelMemory``): ``strides`` may then not be what it returns."""
     alternatives: tuple = ()
     """Its strides under each other kernel choice the target device could make at compile time (CUDA's SDPA
-    backend, where ``sdp_utils``' choice is not decided by what is known here); empty where there is one."""
-    undecided: Optional[str] = None
-    """Why the device's kernel choice is not decided here, where ``alternatives`` differ from ``strides``."""
+    backend, where ``sdp_utils``' choice is not decided by what is known here: ``Lowering.undecided``), where
+    they differ from ``strides``; empty where they do not."""
 
     @property
     def every_strides(self) -> tuple:
@@ -87,6 +86,11 @@ class Lowering:
     options_not_applied: tuple[str, ...] = ()
     """The backend's compile options a lowering without its device cannot apply (autotuning)."""
 
+    @property
+    def undecided(self) -> str:
+        """Why the device's kernel choices are not all decided here (empty when they are)."""
+        return "; ".join(dict.fromkeys(choice.undecided for choice in self.kernel_choices if choice.undecided))
+
 
 class _Lowered(Exception):
     """Raised from inside Inductor to stop it once the outputs are laid out."""
@@ -109,14 +113,16 @@ def lower_outputs(
     program's stored ones, and else to the fake values of its user inputs,
     which keep its dynamic dimensions symbolic. ``inductor_configs`` are the
     options the program will be compiled with (they can change layouts). ``target`` is the device it is
-    compiled for (``strideguard.targets``); for a device this machine lacks, the lowering runs on fake
-    tensors of that device (``strideguard.fake_device``), from the program's own fake values.
+    compiled for (``strideguard.targets``); for another device than the CPU the lowering runs on fake
+    tensors of that device (``strideguard.fake_device``), made from the program's own fake values
+    (``example_inputs`` are not used then).
     """
     from .dialect import dialect_of
 
     if dialect_of(program).is_edge:
         raise ValueError("strideguard: lower_outputs takes an ATen program; use lower_edge_outputs for Edge")
-    args, kwargs = _inputs(program, None if not target.is_cpu else example_inputs)
+    # For another device the inputs are the program's own fake values, moved there (``fake_device.on_target``).
+    args, kwargs = _inputs(program, example_inputs) if target.is_cpu else ((), {})
     module = program.module(check_guards=False)
     return _with_program_symbols(_lower(module, args, kwargs, inductor_configs, target, _fake_mode(program)), program)
 
@@ -158,6 +164,7 @@ def lower_edge_outputs(
 
 
 def _fake_mode(program: ExportedProgram):
+    """The fake mode of the program's placeholders' values (with its shape environment), if any."""
     from torch._guards import detect_fake_mode
 
     values = [n.meta.get("val") for n in program.graph.find_nodes(op="placeholder")]
@@ -170,11 +177,7 @@ def _with_program_symbols(lowering: Lowering, program: ExportedProgram) -> Lower
     Inductor's expressions name the program's symbols (``s77``); as SymInts
     they go through the same layout predicates as the analysis' values.
     """
-    from torch._guards import detect_fake_mode
-
-    values = [n.meta.get("val") for n in program.graph.find_nodes(op="placeholder")]
-    fake_mode = detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
-    shape_env = getattr(fake_mode, "shape_env", None)
+    shape_env = getattr(_fake_mode(program), "shape_env", None)
 
     def as_symint(value):
         if isinstance(value, sympy.Expr) and shape_env is not None:
@@ -242,22 +245,20 @@ def _lower(
         chosen = attention_kernels.with_kernels(module, scenario, target.torch_device)
         with fake_device.lowering_for(target):
             lowerings.append(_lower_once(chosen, args, kwargs, options))
-    return replace(_merged(lowerings, choices), target=target, kernel_choices=tuple(choices))
+    return replace(_merged(lowerings), target=target, kernel_choices=tuple(choices))
 
 
-def _merged(lowerings: list[Lowering], choices: list) -> Lowering:
+def _merged(lowerings: list[Lowering]) -> Lowering:
     """One lowering per scenario of undecided kernel choices, as one: an output whose strides differ carries
-    the others as ``alternatives``, with why the choice is not decided."""
+    the others as ``alternatives``."""
     first, rest = lowerings[0], lowerings[1:]
-    why = "; ".join(choice.undecided for choice in choices if choice.undecided)
     outputs = []
     for index, lowered in enumerate(first.outputs):
         if lowered is None or not rest:
             outputs.append(lowered)
             continue
-        others = tuple(other.outputs[index].strides for other in rest)
-        differing = tuple(strides for strides in others if tuple(strides) != tuple(lowered.strides))
-        outputs.append(replace(lowered, alternatives=differing, undecided=why if differing else None))
+        others = dict.fromkeys(tuple(other.outputs[index].strides) for other in rest)
+        outputs.append(replace(lowered, alternatives=tuple(s for s in others if s != tuple(lowered.strides))))
     return replace(first, outputs=tuple(outputs), seconds=sum(lowering.seconds for lowering in lowerings))
 
 

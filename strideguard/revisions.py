@@ -42,7 +42,7 @@ def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFa
             in_target, reason = None, Reason.KERNEL_DECIDES
             explanation = (
                 f"Inductor's lowering for {lowering.target} returns strides {shown} or {others}, by the kernel the "
-                f"device picks when it compiles ({lowered.undecided})"
+                f"device picks when it compiles ({lowering.undecided})"
             )
         elif lowered.kernel_memory and in_target is True:
             in_target, reason = None, Reason.INDUCTOR_DECIDES

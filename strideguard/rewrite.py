@@ -251,19 +251,20 @@ def _plan(
     options = dict(options)
     backend = options.pop("backend", None)
     target = options.pop("target", CPU)
-    if lower is None and dialect.is_edge:
-        # Without a lowering, the nodes the backend's own passes rewrite are copied in a form that holds.
-        options["rewrites"] = backend_rewrites(program, backend)
     unavailable = options.pop("lowering_unavailable", None)
     if unavailable is not None:
         # The target's lowering cannot run here: every tensor output is copied in a form that holds.
         options["rewrites"] = BackendRewrites({}, unavailable)
-    elif lower is None and not target.is_cpu:
-        # Nor can the graph alone say how the device's kernels lay out what they compute.
+    elif lower is None:
+        # Without a lowering, the nodes the backend's own passes rewrite, and those whose layout the device's
+        # kernel choice decides, are copied in a form that holds.
+        known = backend_rewrites(program, backend) if dialect.is_edge else None
         by_kernel = laid_out_by_kernel(graph, target)
         if by_kernel:
-            known = options.get("rewrites") or BackendRewrites({}, None)
-            options["rewrites"] = BackendRewrites({**by_kernel, **known.rewritten}, known.unavailable)
+            known = known or BackendRewrites({}, None)
+            known = BackendRewrites({**by_kernel, **known.rewritten}, known.unavailable)
+        if known is not None:
+            options["rewrites"] = known
 
     def lower_planned(planned: torch.fx.Graph) -> Lowering:
         # Planned on the graph as handed: the program itself is what will be compiled.

@@ -12,6 +12,9 @@ Every lowering here runs on fake ``cuda:0`` tensors (``strideguard.fake_device``
 from __future__ import annotations
 
 import logging
+import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,11 +206,30 @@ def test_undecided_kernels_are_each_lowered_and_copied_where_they_differ():
     assert "undecided" in str(report) and all("STRIDED" not in line for line in str(report).splitlines()[1:] if "kernel-decides" in line)
 
 
+def test_the_private_entry_points_of_the_cuda_lowering_live_in_one_module():
+    """``strideguard.fake_device`` is the one place the CUDA lowering's private torch entry points are touched,
+    so that a new torch breaks one module, which says which versions it was checked on."""
+    private = re.compile(
+        r"get_device_properties|get_device_capability|is_bf16_supported|CudaInterface|_misc_patterns_init|"
+        r"has_triton|is_same_tensor|_get_sdp_priority_order|DeviceProperties|FakeTensor\.(item|tolist)"
+    )
+    package = Path(strideguard.__file__).parent
+    touching = sorted(
+        str(path.relative_to(package)) for path in package.rglob("*.py")
+        if private.search(path.read_text()) and path.name != "fake_device.py"
+    )
+    assert touching == ["targets.py"], touching  # targets.py asks a GPU that is present for its capability
+    assert "get_device_capability(0)" in (package / "targets.py").read_text()
+
+
 def test_targets_are_named_as_users_write_them():
     assert resolve_target(None, function="t") is CPU and resolve_target("cpu", function="t") is CPU
     assert resolve_target("cuda", function="t").capability == (9, 0)
     assert resolve_target("cuda:sm87", function="t").capability == (8, 7)
     assert resolve_target("CUDA:SM_90", function="t").capability == (9, 0)
+    # Blackwell's two-digit majors (found from outside: "sm100" once read as (1, 0), and every SDPA fell to math)
+    assert resolve_target("cuda:sm100", function="t").capability == (10, 0)
+    assert resolve_target("cuda:sm121", function="t").capability == (12, 1)
     assert resolve_target(torch.device("cuda", 0), function="t").kind == "cuda"
     assert resolve_target(Target("cuda", (8, 0), False), function="t").sm == "sm80"
     with pytest.raises(ValueError, match="device must be one of"):
@@ -216,6 +238,11 @@ def test_targets_are_named_as_users_write_them():
         resolve_target("cuda:ampere", function="inspect")
     with pytest.raises(TypeError, match="device must be"):
         resolve_target(3, function="inspect")
+    if HAS_EXECUTORCH:  # a pass's device is checked when the pass is made, not when ExecuTorch runs it
+        from strideguard.executorch import DenseOutputsPass
+
+        with pytest.raises(ValueError, match="executorch.DenseOutputsPass: device must be one of"):
+            DenseOutputsPass(device="gpu")
 
 
 def _two_views():
@@ -243,8 +270,42 @@ def test_an_unchecked_torch_is_said_and_the_fix_copies_every_output_unproven(mon
         lower_outputs(program, target=Target("mps", None, False))
 
 
+def test_a_program_on_cuda_tensors_is_lowered_for_cuda():
+    """A program exported on a GPU carries CUDA fake values: its target follows them, and a backend's wins."""
+    from types import SimpleNamespace
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from strideguard.backends import resolve_backend
+    from strideguard.targets import target_for
+
+    graph = torch.fx.Graph()
+    with FakeTensorMode():
+        graph.placeholder("x").meta["val"] = torch.empty(2, 3, device="cuda")
+    on_gpu = SimpleNamespace(graph=graph)
+    assert target_for(on_gpu, None, None, "t") == CUDA
+    assert target_for(on_gpu, "cuda:sm87", None, "t").sm == "sm87"
+    assert target_for(_two_views(), None, None, "t") is CPU
+    assert target_for(_two_views(), None, Backend("CudaBackend", None, "not here"), "t") == CUDA
+
+
 @pytest.mark.lowers
-def test_a_program_on_cuda_tensors_is_lowered_for_cuda(monkeypatch):
+def test_a_lowering_for_an_absent_device_leaves_torch_as_it_found_it():
+    """The patches hold for one lowering only: torch's CUDA answers and Inductor's device cache are back after."""
+    from torch._inductor.runtime.hints import DeviceProperties
+
+    from strideguard.fake_device import lowering_for
+
+    capability = torch.cuda.get_device_capability
+    lower_outputs(_two_views(), target=resolve_target("cuda:sm87", function="t"))
+    assert torch.cuda.get_device_capability is capability
+    assert DeviceProperties.create.cache_info().currsize == 0
+    with lowering_for(Target("cuda", (9, 0), True)):  # a GPU present: nothing is patched
+        assert torch.cuda.get_device_capability is capability
+
+
+@pytest.mark.lowers
+def test_device_names_the_lowering_target(monkeypatch):
     program = _two_views()
     seen = []
     import strideguard.api as api
@@ -283,8 +344,10 @@ def test_executorch_sdpa_modules_through_the_cuda_backend_come_back_in_layout(ex
     before = strideguard.inspect(edge, exact=True, device="cuda")
     if dtype == torch.float32:
         assert [o.strides for o in before.outputs][:3] == [EFFICIENT_STRIDES] * 3  # no backend: torch's own choice
+    environment = dict(os.environ)
     dense = DenseOutputsPass(exact=True, backend="CudaBackend", compile_specs=specs)
     fixed = dense.call(edge).exported_program
+    assert dict(os.environ) == environment, "CudaBackend's compile options set CUDA variables; they are put back"
     assert dense.proof is not None and dense.proof.target == str(CUDA) and dense.proof.unproven == ()
     backend = resolve_backend("CudaBackend", specs, function="test")
     lowering = lower_edge_outputs(fixed, backend=backend, target=CUDA)
@@ -327,3 +390,38 @@ def test_zoo_fixed_for_cuda_is_in_layout_under_cudas_lowering(model, path):
     judgement = zoo.judge_cuda(model, path)
     assert judgement.after == [], judgement.after
     assert "cuda sm90" in judgement.proof_target
+
+
+class VersionedRules(nn.Module):
+    """Where torch 2.14's rules differ from 2.13's: unbatched (3-D) inputs, and grouped-query attention in
+    float32 (efficient attention takes it from 2.14 on)."""
+
+    def forward(self, q3, k3, v3, q8, k2, v2):
+        return (
+            F.scaled_dot_product_attention(q3, k3, v3),
+            F.scaled_dot_product_attention(q8, k2, v2, enable_gqa=True),
+        )
+
+
+@pytest.mark.lowers
+def test_the_installed_torchs_rules_are_followed_and_the_fix_holds_under_each():
+    from strideguard.attention_kernels import _TORCH
+
+    generator = torch.Generator().manual_seed(3)
+    inputs = tuple(torch.randn(*shape, generator=generator) for shape in
+                   ((4, 8, 64), (4, 32, 64), (4, 32, 64), (1, 8, 8, 64), (1, 2, 32, 64), (1, 2, 32, 64)))
+    program = torch.export.export(VersionedRules().eval(), inputs)
+    before = lower_outputs(program, target=CUDA)
+    unbatched, grouped = (choice.candidates for choice in before.kernel_choices)
+    if _TORCH >= (2, 14):
+        assert unbatched == (EFFICIENT, MATH) and grouped == (EFFICIENT,)
+        # Efficient attention's (B, M, H, K) memory, its batch of one taken off: strided either way it is run.
+        assert before.outputs[0].alternatives and before.outputs[1].strides == (4096, 64, 512, 1)
+    else:
+        assert unbatched == (MATH,) and grouped == (MATH,)
+        assert not before.outputs[0].alternatives
+    fixed = strideguard.densify_outputs(program, exact=True, device="cuda")
+    assert _in_layout(lower_outputs(fixed, target=CUDA), target_dim_orders(fixed)) == []
+    with torch.no_grad():
+        for got, want in zip(fixed.module()(*inputs), program.module()(*inputs)):
+            assert torch.equal(got, want)
