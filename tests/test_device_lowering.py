@@ -31,7 +31,6 @@ from strideguard.lowering import lower_edge_outputs, lower_outputs
 from strideguard.proof import PROOF_KEY
 from strideguard.targets import CPU, LoweringUnavailable, Target, resolve_target
 
-from . import zoo
 from .conftest import HAS_EXECUTORCH, needs_executorch
 
 CUDA = resolve_target("cuda", function="test")
@@ -376,20 +375,6 @@ def test_a_backend_whose_passes_cannot_run_is_said_and_nothing_is_claimed(execut
     assert all(o.reason.value == "backend-decides" for o in report.outputs)
     assert "STRIDED" not in str(report) and "undecided" in str(report)
     assert _in_layout(lower_edge_outputs(fixed, target=CUDA), target_dim_orders(fixed)) == []
-
-
-ZOO = [pytest.param(m, id=m.name) for m in zoo.MODELS]
-
-
-@pytest.mark.lowers
-@pytest.mark.parametrize("path", ["aten", pytest.param("edge", marks=needs_executorch)])
-@pytest.mark.parametrize("model", ZOO)
-def test_zoo_fixed_for_cuda_is_in_layout_under_cudas_lowering(model, path):
-    if model.library is not None:
-        pytest.importorskip(model.library, reason=f"{model.name} needs {model.library}: pip install -e '.[zoo]'")
-    judgement = zoo.judge_cuda(model, path)
-    assert judgement.after == [], judgement.after
-    assert "cuda sm90" in judgement.proof_target
 
 
 class VersionedRules(nn.Module):
