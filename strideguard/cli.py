@@ -27,6 +27,7 @@ from typing import Annotated, Iterator, Optional
 import torch
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -48,6 +49,7 @@ from .loading import (
     save_program,
     write_output,
 )
+from .loading.errors import one_line
 from .isolation import DEFAULT_SECONDS, ChildFailed, Limits, LimitExceeded, run_isolated
 from .records import LayoutReport, VerifyReport
 
@@ -144,16 +146,24 @@ def _fail(message: str, json_output: bool = False) -> None:
 
 def _report_error(message: str, json_output: bool) -> None:
     """One line on stderr, whatever the message holds; with ``--json``, the same error as JSON on stdout."""
-    line = " ".join(message.split()) if message.isprintable() else repr(message)
+    line = one_line(" ".join(message.split()))
     if json_output:
         print(json.dumps({"ok": False, "error": line}), flush=True)
     print(f"strideguard: error: {line}", file=sys.stderr, flush=True)
 
 
 def _stdout() -> Console:
-    """The console for results: a terminal's own width; wide enough for the tables when piped to a file."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
+    """The console for results: a terminal's own width; wide enough for the tables when piped to a file.
+    No ``:name:`` emoji codes: text from a file is shown as it is (``_literal``)."""
+    console = Console(emoji=False)
+    return console if console.is_terminal else Console(width=160, emoji=False)
+
+
+def _literal(text: object) -> str:
+    """Text from a file or an argument (a path, a name, a message), for rich: its markup escaped and every
+    control, format or bidirectional character shown as an escape (``\\x1b``, ``\\u202e``), so that
+    it prints as itself and leaves the terminal as it was."""
+    return escape(one_line(str(text)))
 
 
 def _print_json(data: dict) -> None:
@@ -169,7 +179,7 @@ _MARKUP = {"no": "[red]no[/]", "unknown": "[yellow]unknown[/]", "copy": "[yellow
 
 def _layout_table(title: str, report: LayoutReport) -> Table:
     """``OutputLayout.cells()``, the one rendering of a record, with colour."""
-    table = Table(title=title, title_justify="left")
+    table = Table(title=_literal(title), title_justify="left")
     for column in ("#", "name", "shape", "dtype", "strides", "dense", "contiguous", "aliases", "cause", "fix"):
         table.add_column(column, overflow="fold")
     table.caption = (
@@ -178,21 +188,26 @@ def _layout_table(title: str, report: LayoutReport) -> Table:
         else "strides read off the graph; where Inductor decides, fix copies and --exact asks Inductor"
     )
     for output in report.outputs:
-        cells = output.cells()
+        cells = {column: _MARKUP.get(value, _literal(value)) for column, value in output.cells().items()}
         cells["#"] = f"[{'green' if output.ok else 'red'}]{cells['#']}[/]"
         cells["strides"] = cells["strides"].replace(" (Inductor decides)", " [yellow](Inductor decides)[/]")
-        table.add_row(*(_MARKUP.get(value, value) if column != "#" else value for column, value in cells.items()))
+        table.add_row(*cells.values())
     return table
 
 
 def _print_layout(console: Console, title: str, report: LayoutReport) -> None:
     console.print(_layout_table(title, report))
     for output in report.copies_needed:
-        console.print(f"  fix copies [{output.index}] {output.name} into dim order {list(output.target_dim_order)}: {output.explanation}")
+        console.print(
+            f"  fix copies \\[{output.index}] {_literal(output.name)} into dim order {list(output.target_dim_order)}: "
+            f"{_literal(output.explanation)}"
+        )
     for output in report.outputs:
         if output.pushdown:
             saving = "" if output.flops_saved is None else f", {output.flops_saved:.0%} of those ops' FLOPs saved"
-            console.print(f"  fix --pushdown computes [{output.index}] {output.name} from pieces: {output.pushdown}{saving}")
+            console.print(
+                f"  fix --pushdown computes \\[{output.index}] {_literal(output.name)} from pieces: {_literal(output.pushdown)}{saving}"
+            )
     strided = [output for output in report.outputs if not output.ok]
     if strided:
         console.print(
@@ -231,7 +246,7 @@ def inspect_command(
         console = _stdout()
         _print_layout(console, f"{program}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report)
         if plot is not None:
-            console.print(f"wrote {plot}")
+            console.print(f"wrote {_literal(plot)}")
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -285,9 +300,9 @@ def fix(
         report = inspect(fixed, exact=exact, device=device)
         save_program(fixed, output, input_path=program, overwrite=force)
     console = _stdout()
-    console.print(f"wrote {output} (prepared for {platform.value}; {program} unchanged)")
+    console.print(f"wrote {_literal(output)} (prepared for {platform.value}; {_literal(program)} unchanged)")
     if exact:
-        console.print(_proven(fixed.graph_module.meta[PROOF_KEY]))
+        console.print(_literal(_proven(fixed.graph_module.meta[PROOF_KEY])))
     _print_layout(console, f"{output}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report)
     raise typer.Exit(0 if report.ok else 1)
 
@@ -307,11 +322,11 @@ def _proven(proof: Proof) -> str:
 def _spinner(what: str) -> Iterator[None]:
     """A spinner with the elapsed time on stderr while a long step runs; none where stderr is not a terminal
     (a transient display still leaves a blank line there, and an error must be the one line)."""
-    console = Console(stderr=True)
+    console = Console(stderr=True, emoji=False)
     if not console.is_terminal:
         yield
         return
-    with Progress(SpinnerColumn(), TextColumn(what), TimeElapsedColumn(), console=console, transient=True) as progress:
+    with Progress(SpinnerColumn(), TextColumn(_literal(what)), TimeElapsedColumn(), console=console, transient=True) as progress:
         progress.add_task(what, total=None)
         yield
 
@@ -337,8 +352,8 @@ def compile_command(
             with open(package, "rb") as compiled:
                 write_output(output, lambda file: shutil.copyfileobj(compiled, file), input_path=program, overwrite=force)
     console = _stdout()
-    console.print(f"wrote {output} (an AOTInductor package; {program} unchanged)")
-    console.print(_proven(proof))
+    console.print(f"wrote {_literal(output)} (an AOTInductor package; {_literal(program)} unchanged)")
+    console.print(_literal(_proven(proof)))
     raise typer.Exit(0)
 
 
@@ -416,12 +431,12 @@ def _as_predicted(check) -> str:
         return "-" if check.lowered_strides is None else "[yellow]Inductor decided[/]"
     if check.as_predicted:
         return "yes" if check.predicted_strides is not None else "yes (lowering)"
-    return f"[red]no[/]: predicted {check.predicted_strides}, lowered {check.lowered_strides}"
+    return f"[red]no[/]: {_literal(f'predicted {check.predicted_strides}, lowered {check.lowered_strides}')}"
 
 
 def _print_verify(console: Console, program: Path, measured: VerifyReport) -> None:
     table = Table(
-        title=f"{program}: compiled with AOTInductor on {measured.device} in {measured.compile_seconds:.1f} s and run",
+        title=_literal(f"{program}: compiled with AOTInductor on {measured.device} in {measured.compile_seconds:.1f} s and run"),
         title_justify="left",
     )
     for column in ("#", "name", "shape", "strides returned", "offset", "dense", "contiguous"):
@@ -433,15 +448,15 @@ def _print_verify(console: Console, program: Path, measured: VerifyReport) -> No
     for check in measured.outputs:
         mark = "green" if check.ok else "red"
         if check.kind != "tensor":
-            table.add_row(f"[{mark}]{check.index}[/]", check.name or "-", check.kind, *["-"] * 6, _yes_no(check.match), "-",
+            table.add_row(f"[{mark}]{check.index}[/]", _literal(check.name or "-"), _literal(check.kind), *["-"] * 6, _yes_no(check.match), "-",
                           *(("-",) if referenced else ()))
             continue
         table.add_row(
             f"[{mark}]{check.index}[/]",
-            check.name,
-            str(list(check.shape)),
-            str(list(check.strides)),
-            str(check.storage_offset),
+            _literal(check.name),
+            _literal(list(check.shape)),
+            _literal(list(check.strides)),
+            _literal(check.storage_offset),
             _yes_no(check.dense),
             _yes_no(check.contiguous),
             ", ".join(map(str, check.aliases)) or "-",

@@ -24,6 +24,7 @@ from . import inductor, layout, ops
 from .dialect import aten_op, op_name
 from .fake_values import call_on_fake_values
 from .records import Alias, AliasKind
+from .replay import Geometry, Layout, view_geometry
 
 Values = Callable[[Node], Any]
 """The fake value a node will have in the compiled program."""
@@ -250,7 +251,26 @@ def _replayed_over(
     chain: list[Node], base: Node, base_value: torch.Tensor, values: Values, op_of: Ops
 ) -> Optional[tuple]:
     """The strides of the view chain replayed over another value of its base, or None where a
-    ``view`` in it cannot be a view of that value (found by ``make fuzz``)."""
+    ``view`` in it cannot be a view of that value (found by ``make fuzz``).
+
+    By stride arithmetic where every view allows it (no dispatch per view: a chain of 8,000 views is
+    replayed in milliseconds), else on fake tensors."""
+    geometry: Layout = Geometry.of(base_value)
+    for node in reversed(chain):
+        if isinstance(geometry, list) and node.target is operator.getitem:
+            geometry = geometry[node.args[1]]
+        elif isinstance(geometry, Geometry) and geometry.static and node.target is not operator.getitem:
+            geometry = view_geometry(aten_op(op_of(node)), geometry, node.args[1:], node.kwargs)
+        else:
+            geometry = None
+        if geometry is None:
+            return _dispatched_over(chain, base, base_value, values, op_of)
+    return tuple(geometry.strides) if isinstance(geometry, Geometry) else _dispatched_over(chain, base, base_value, values, op_of)
+
+
+def _dispatched_over(
+    chain: list[Node], base: Node, base_value: torch.Tensor, values: Values, op_of: Ops
+) -> Optional[tuple]:
     replaced = {base: base_value}
 
     def value(node: Node) -> Any:

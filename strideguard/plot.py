@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import BinaryIO, Optional, Sequence
 
+import matplotlib
 import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -25,6 +26,7 @@ from torch.export import ExportedProgram
 
 from . import layout
 from .api import output_facts
+from .loading.errors import one_line
 from .records import Action, LayoutReport, OutputLayout
 
 MAX_COLUMNS = 64
@@ -72,6 +74,11 @@ def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLik
     are not the metadata's (a weight's view, returned as a copy), the drawn
     storage is just the returned one.
     """
+    with matplotlib.rc_context({"text.parse_math": False}):  # a name with "$...$" in it is text, not math
+        return _plot_copies(program, report, path, one_line(title))
+
+
+def _plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLike | str | BinaryIO, title: str) -> int:
     copied = [output for output in report.outputs if output.action is Action.COPY]
     drawn = copied[:MAX_OUTPUTS]
     storages = _storages(program, drawn)

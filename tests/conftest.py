@@ -18,11 +18,17 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import settings
 
 import strideguard
 from strideguard.verification import compile_program
 
 from . import programs, tiers
+
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.load_profile("deterministic")
+"""``make check`` and ``make test`` draw the same property-test examples every run (a failure found once is
+found again); ``make fuzz`` sets its own settings and searches afresh."""
 
 HAS_EXECUTORCH = importlib.util.find_spec("executorch") is not None
 needs_executorch = pytest.mark.skipif(not HAS_EXECUTORCH, reason="needs ExecuTorch: pip install '.[executorch]'")

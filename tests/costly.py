@@ -14,11 +14,22 @@ bounded by the file's size, in a result or in one line:
   so that ``verify``'s eager run fails inside torch.fx, which prints the
   generated code before raising;
 * ``slices``: ``n`` outputs all viewing one input, every one sharing memory
-  with every other (``many_slices``; the linearity test builds two sizes).
+  with every other (``many_slices``; the linearity test builds two sizes);
+* ``unbind-2**40`` and ``split-2**40``: a weight declared ``[2**40, 16]``
+  with strides ``[0, 1]`` (64 stored bytes) that the program unbinds (or
+  splits into rows) into the 4 pieces its graph lists;
+* ``weight-150000-dims`` and ``tensor-150000-dims``: a weight's stored
+  configuration, or a value of the program, declaring 150,000 sizes of
+  2**63 - 1 with stride 0;
+* ``chain-8000``: 8,000 chained views (FakeTensor keeps each view's chain of
+  view functions, so a naive replay holds 32 million);
+* ``largest``: the longest program the loader admits (``limits.MAX_NODES``
+  nodes), a chain of ``add``s, built by editing the JSON of a short one.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import pathlib
 import zipfile
@@ -29,6 +40,7 @@ from torch._higher_order_ops.while_loop import while_loop
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from strideguard.examples import export_policy
+from strideguard.loading import limits
 
 from .hostile import graph, rename
 
@@ -64,6 +76,24 @@ class Slices(torch.nn.Module):
         return tuple(x[i : i + 1, 1:] for i in range(self.count))
 
 
+class Rows(torch.nn.Module):
+    """Returns a slice of one of the four rows of a weight, taken apart by ``unbind`` or ``split``."""
+
+    def __init__(self, split: bool):
+        super().__init__()
+        self.split = split
+        self.weight = torch.nn.Parameter(torch.randn(4, 16))
+
+    def forward(self, x):
+        rows = self.weight.split(1) if self.split else self.weight.unbind(0)
+        return rows[1][..., 2:10], x + 1
+
+
+class Adds(torch.nn.Module):
+    def forward(self, x):
+        return (x + 1) + 2
+
+
 def many_slices(count: int) -> torch.export.ExportedProgram:
     return torch.export.export(Slices(count), (torch.randn(count, 4),))
 
@@ -87,16 +117,96 @@ def _named_self(program: dict) -> dict:
     return rename(program, "linear", "self")
 
 
-def _edited(source: pathlib.Path, target: pathlib.Path, change: Callable[[dict], object]) -> pathlib.Path:
+def _edited(
+    source: pathlib.Path, target: pathlib.Path, change: Callable[[dict], object], member: str = "models/model.json"
+) -> pathlib.Path:
     with zipfile.ZipFile(source) as original, zipfile.ZipFile(target, "w") as copy:
         for info in original.infolist():
             data = original.read(info)
-            if info.filename.endswith("models/model.json"):
+            if info.filename.endswith(member):
                 program = json.loads(data)
                 changed = change(program)
                 data = json.dumps(program if changed is None else changed).encode()
             copy.writestr(info, data)
     return target
+
+
+def _declared(meta: dict, sizes: list[int], strides: list[int]) -> None:
+    meta["sizes"] = [{"as_int": size} for size in sizes]
+    meta["strides"] = [{"as_int": stride} for stride in strides]
+
+
+def _rows_declared(program: dict) -> None:
+    """The weight declared ``[2**40, 16]``, every row the same 16 stored values."""
+    _declared(graph(program)["tensor_values"]["p_weight"], [1 << 40, 16], [0, 1])
+
+
+def _config_rows_declared(config: dict) -> None:
+    _declared(config["config"]["weight"]["tensor_meta"], [1 << 40, 16], [0, 1])
+
+
+_MANY = 150_000
+
+
+def _config_many_dims(config: dict) -> None:
+    _declared(config["config"]["weight"]["tensor_meta"], [(1 << 63) - 1] * _MANY, [0] * _MANY)
+
+
+def _program_many_dims(program: dict) -> None:
+    _declared(graph(program)["tensor_values"]["x"], [(1 << 63) - 1] * _MANY, [0] * _MANY)
+
+
+def longer_chain(views: int) -> Callable[[dict], None]:
+    """``Chain(2)``'s graph with its two views (an ``alias`` and a ``transpose`` of an 8 by 8 value)
+    repeated to ``views``, every value declared as the views make it."""
+
+    def change(program: dict) -> None:
+        nodes, values = graph(program)["nodes"], graph(program)["tensor_values"]
+        head, alias, transpose, *tail = nodes
+        chain, previous, transposed = [], "mul", False
+        for index in range(views):
+            template = copy.deepcopy(transpose if index % 2 else alias)
+            name = f"view_{index}"
+            template["inputs"][0]["arg"]["as_tensor"]["name"] = previous
+            template["outputs"][0]["as_tensor"]["name"] = name
+            transposed ^= bool(index % 2)
+            values[name] = copy.deepcopy(values["mul"])
+            if transposed:
+                values[name]["strides"].reverse()
+            chain.append(template)
+            previous = name
+        for node in tail:
+            node["inputs"][0]["arg"]["as_tensor"]["name"] = previous
+        for name in ("alias", "transpose"):
+            del values[name]
+        values["slice_1"]["strides"] = copy.deepcopy(values[previous]["strides"])
+        values["mul_1"]["strides"] = copy.deepcopy(values["mul"]["strides"])
+        nodes[:] = [head, *chain, *tail]
+
+    return change
+
+
+def longer_adds(count: int) -> Callable[[dict], None]:
+    """``Adds``'s graph with its second ``add`` repeated until the graph holds ``count`` nodes."""
+
+    def change(program: dict) -> None:
+        nodes, values = graph(program)["nodes"], graph(program)["tensor_values"]
+        first, second = nodes
+        chain, previous = [first], first["outputs"][0]["as_tensor"]["name"]
+        for index in range(count - 1):
+            node = copy.deepcopy(second)
+            name = f"add_{index + 2}"
+            node["inputs"][0]["arg"]["as_tensor"]["name"] = previous
+            node["outputs"][0]["as_tensor"]["name"] = name
+            values[name] = copy.deepcopy(values[previous])
+            chain.append(node)
+            previous = name
+        nodes[:] = chain
+        graph(program)["outputs"][0]["as_tensor"]["name"] = previous
+        [spec] = program["graph_module"]["signature"]["output_specs"]
+        spec["user_output"]["arg"]["as_tensor"]["name"] = previous
+
+    return change
 
 
 def make(folder: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -107,6 +217,10 @@ def make(folder: pathlib.Path) -> dict[str, pathlib.Path]:
         "chain": torch.export.export(Chain(), (torch.randn(8, 8),)),
         "loop": torch.export.export(Loop(), (torch.randn(4, 8),)),
         "policy": export_policy(batch=1),
+        "rows-unbind": torch.export.export(Rows(split=False), (torch.randn(3),)),
+        "rows-split": torch.export.export(Rows(split=True), (torch.randn(3),)),
+        "chain-2": torch.export.export(Chain(2), (torch.randn(8, 8),)),
+        "adds": torch.export.export(Adds(), (torch.randn(4),)),
     }
     saved = {}
     for name, program in sources.items():
@@ -117,4 +231,20 @@ def make(folder: pathlib.Path) -> dict[str, pathlib.Path]:
         "chain": saved["chain"],
         "unbounded-loop": _edited(saved["loop"], folder / "unbounded-loop.pt2", _unbounded),
         "node-named-self": _edited(saved["policy"], folder / "node-named-self.pt2", _named_self),
+        "unbind-2**40": _rows(saved["rows-unbind"], folder / "unbind-2**40.pt2"),
+        "split-2**40": _rows(saved["rows-split"], folder / "split-2**40.pt2"),
+        "weight-150000-dims": _edited(saved["rows-unbind"], folder / "weight-150000-dims.pt2", _config_many_dims, WEIGHTS),
+        "tensor-150000-dims": _edited(saved["rows-unbind"], folder / "tensor-150000-dims.pt2", _program_many_dims),
+        "chain-8000": _edited(saved["chain-2"], folder / "chain-8000.pt2", longer_chain(8000)),
+        "largest": _edited(saved["adds"], folder / "largest.pt2", longer_adds(limits.MAX_NODES)),
     }
+
+
+WEIGHTS = "data/weights/model_weights_config.json"
+
+
+def _rows(source: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
+    declared = _edited(source, target.with_suffix(".tmp"), _rows_declared)
+    _edited(declared, target, _config_rows_declared, WEIGHTS)
+    declared.unlink()
+    return target

@@ -409,6 +409,10 @@ def _cases() -> list[Case]:
         Case("stack-trace-raw-string", "stack trace pasted into a C++ raw string", "raw string", lambda w, m: w.edit_program("stack-trace-raw-string", lambda p: _stack_trace(p, 'File "a.py", line 1, in f\n    )" + evil + R"(\n'))),
         Case("stack-trace-carriage-return", "stack trace pasted into generated code", "control character", lambda w, m: w.edit_program("stack-trace-carriage-return", lambda p: _stack_trace(p, f'File "a.py", line 1, in f\n    x\r{payload(m)}\n'))),
         Case("node-metadata-key", "unknown metadata", "node metadata", lambda w, m: w.edit_program("node-metadata-key", lambda p: graph(p)["nodes"][0]["metadata"].update(evil="1"))),
+        Case("custom-metadata-number", "metadata of the wrong JSON type", "not a JSON object", lambda w, m: w.edit_program("custom-metadata-number", lambda p: graph(p)["nodes"][0]["metadata"].update(custom="5"))),
+        Case("custom-metadata-list", "metadata of the wrong JSON type", "not a JSON object", lambda w, m: w.edit_program("custom-metadata-list", lambda p: graph(p)["nodes"][0]["metadata"].update(custom="[1, 2]"))),
+        Case("from-node-object", "metadata of the wrong JSON type", "not a list of node sources", lambda w, m: w.edit_program("from-node-object", lambda p: graph(p)["nodes"][0]["metadata"].update(from_node='{"name": "x"}'))),
+        Case("from-node-field", "metadata of the wrong JSON type", "graph_id is not int", lambda w, m: w.edit_program("from-node-field", lambda p: graph(p)["nodes"][0]["metadata"].update(from_node='[{"name": "x", "graph_id": "1"}]'))),
         # The schema itself.
         Case("unknown-field", "field outside torch's schema", "does not have", lambda w, m: w.edit_program("unknown-field", lambda p: graph(p)["nodes"][0].update(evil=1))),
         Case("duplicate-key", "ambiguous JSON", "repeats a key", lambda w, m: w.copy("duplicate-key", edit=_duplicate_key)),

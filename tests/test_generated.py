@@ -122,6 +122,7 @@ def fuzz_settings(first_batch: bool) -> settings:
     return settings(
         max_examples=FUZZ_BATCH,
         deadline=None,
+        derandomize=False,  # the suite's profile (conftest) is derandomized; the fuzz searches afresh
         database=DATABASE,
         phases=phases if first_batch else [p for p in phases if p is not Phase.reuse],
         suppress_health_check=[HealthCheck.too_slow],

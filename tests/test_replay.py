@@ -112,3 +112,47 @@ def test_common_views_are_answered_by_arithmetic():
         (aten.view.default, ([24, 8],)),
     ]:
         assert view_geometry(op, base, args, {}) is not None, op
+
+
+def test_a_view_of_a_size_one_dimension_with_another_stride_is_torchs():
+    """``make check`` found it unseeded: a ``[1, 1]`` base with strides ``(1, 2)`` is contiguous, yet torch's
+    ``view`` carries the stride 2 of the size-one dimension; the arithmetic gave 1. It now leaves it to torch."""
+    base = torch.empty(4, device="meta").as_strided((1, 1), (1, 2), 1)
+    found = view_geometry(aten.view.default, Geometry.of(base), ([-1],), {})
+    expected = base.view(-1)
+    assert found is None or (found.shape, found.strides, found.offset) == (
+        tuple(expected.shape), expected.stride(), expected.storage_offset()
+    )
+
+
+def test_a_chain_of_views_is_replayed_without_a_dispatch_per_view(monkeypatch):
+    """A returned view at the end of 2,000 chained views: its value is one ``as_strided`` of the memory it
+    views, with the geometry torch gives, and no view of the chain is dispatched (each dispatched view of a
+    fake tensor held the chain of view functions before it: quadratic memory)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from strideguard import replay as replay_module
+    from strideguard.dialect import is_view_op
+
+    graph = torch.fx.Graph()
+    mode = FakeTensorMode()
+    with mode:
+        value = torch.empty(6, 8)
+    node = graph.placeholder("x")
+    node.meta["val"] = value
+    eager = torch.empty(6, 8)
+    for index in range(2000):
+        op, args = (aten.transpose.int, (0, 1)) if index % 2 else (aten.slice.Tensor, (1, 0, 8 - (index % 4)))
+        node = graph.call_function(op, (node, *args))
+        eager = op(eager, *args)
+    graph.output(node)
+    dispatched = []
+    real = replay_module.call_on_fake_values
+    monkeypatch.setattr(replay_module, "call_on_fake_values", lambda *a: dispatched.append(a) or real(*a))
+    replayed = replay_module.Replay(lambda n: n.target, lambda n: n.op == "call_function" and is_view_op(n.target))
+    result = replayed.value(node)
+    assert dispatched == []
+    assert (tuple(result.shape), result.stride(), result.storage_offset()) == (
+        tuple(eager.shape), eager.stride(), eager.storage_offset()
+    )
+    assert result.untyped_storage()._cdata == value.untyped_storage()._cdata

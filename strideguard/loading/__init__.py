@@ -27,9 +27,16 @@ reported rather than aborting.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import threading
+import types
+import typing
+from typing import Iterator
 
 import torch
+from torch._export.serde import serialize
 from torch.export import ExportedProgram
 from torch.export.pt2_archive import constants as pt2
 from torch.export.pt2_archive._package import load_pt2
@@ -93,9 +100,38 @@ def _check_example_inputs(checked: Archive, facts: ProgramFacts) -> None:
         check_example_inputs(load_example_inputs(data, archive.check_saved_tensors), facts.in_spec, facts.user_inputs)
 
 
+_TYPE_HINTS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _type_hints_read_once() -> Iterator[None]:
+    """torch's reader (``serialize._dict_to_dataclass``) asks ``typing.get_type_hints`` again for every
+    object it builds: 65 % of reading a 20,000-node program. The schema's classes do not change, so while
+    it reads, the reader's own ``typing`` answers each class once (nothing else sees the difference)."""
+    hints = functools.lru_cache(maxsize=None)(lambda cls: typing.get_type_hints(cls, globalns=vars(serialize.schema)))
+
+    def get_type_hints(cls, globalns=None, localns=None, include_extras=False):
+        if globalns is vars(serialize.schema) and localns is None and not include_extras:
+            return hints(cls)
+        return typing.get_type_hints(cls, globalns, localns, include_extras)
+
+    cached = types.SimpleNamespace(**{name: getattr(typing, name) for name in dir(typing) if not name.startswith("__")})
+    cached.get_type_hints = get_type_hints
+    with _TYPE_HINTS_LOCK:
+        if serialize.typing is not typing:  # another reader's, or torch's module no longer imports typing plainly
+            yield
+            return
+        serialize.typing = cached
+        try:
+            yield
+        finally:
+            serialize.typing = typing
+
+
 def _load_checked(path, file) -> ExportedProgram:
     try:
-        contents = load_pt2(file)
+        with _type_hints_read_once():
+            contents = load_pt2(file)
     except Exception as error:
         lines = str(error).strip().splitlines() or [type(error).__name__]
         raise ProgramFileError(path, f"torch {torch.__version__} could not read the program: {excerpt(lines[0], 200)}") from error

@@ -45,6 +45,14 @@ MAX_SYMBOL_INDEX = 999_999
 MAX_INT = (1 << 63) - 1
 """Magnitude of any integer in the program: sizes, strides, hints, ranges and arguments are int64 to torch."""
 
+MAX_NODES = 10_000
+"""Nodes of the program, its control-flow subgraphs included (placeholders and the output are not nodes
+of the serialized graph)."""
+
+MAX_DIMS = 64
+"""Dimensions of any declared tensor: torch's CUDA kernels take at most 25 (``MAX_TENSORINFO_DIMS``) and
+ExecuTorch's runtime 16; its CPU kernels more. Every size and stride sum over them is then short."""
+
 MAX_TREE_NODES = 100_000
 """Containers and leaves in the example inputs or in an input or output tree spec."""
 MAX_TREE_DEPTH = 64

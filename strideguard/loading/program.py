@@ -10,7 +10,6 @@ payload sizes each weight declares against the bytes stored for it.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -21,7 +20,7 @@ from torch._export.serde.schema import SCHEMA_VERSION
 from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
 from torch.export.pt2_archive import constants as pt2
 
-from . import expressions, limits, operators, text, trees
+from . import expressions, limits, operators, pieces, text, trees
 from .errors import Refused, excerpt, shown
 from .walk import Rules, TextRule, walk
 
@@ -32,8 +31,8 @@ _NODE_METADATA: dict[str, Callable[[str, str], Any]] = {
     "stack_trace": text.stack_trace,
     "nn_module_stack": text.data_text,
     "torch_fn": text.data_text,
-    "custom": text.json_text,
-    "from_node": text.json_text,
+    "custom": text.json_object,
+    "from_node": text.node_sources,
 }
 """The node metadata torch 2.13 writes and reads; ``source_fn_stack`` is checked by ``_source_functions``."""
 _PAYLOAD_PATH = re.compile(r"(weight|tensor)_[0-9]{1,9}")
@@ -80,7 +79,7 @@ def _node_metadata(value: str, key: Optional[str]) -> None:
 def _graph_metadata(value: str, key: Optional[str]) -> None:
     if key != "custom":
         raise Refused(f"has program metadata {excerpt(str(key), 40)}, which torch {torch.__version__} does not write")
-    text.json_text(value, "the program's custom metadata")
+    text.json_object(value, "the program's custom metadata")
 
 
 def _argument_name(value: str, key: Optional[str]) -> None:
@@ -153,14 +152,51 @@ def _key_rules() -> dict:
 
 
 def _check_tensor_meta(meta: dict, path: str) -> None:
-    """Strided tensors of a known dtype with non-negative sizes, strides and offset."""
+    """Strided tensors of a known dtype with non-negative sizes, strides and offset, at most ``MAX_DIMS``
+    dimensions, and a number of elements and an extent within int64."""
     if meta["layout"] != s.Layout.Strided:
         raise Refused(f"declares a tensor with layout {s.Layout(meta['layout']).name}; strideguard reads strided tensors only (at {path})")
     if meta["dtype"] == s.ScalarType.UNKNOWN:
         raise Refused(f"declares a tensor of unknown dtype (at {path})")
+    if max(len(meta["sizes"]), len(meta["strides"])) > limits.MAX_DIMS:
+        raise Refused(f"declares a tensor of more than {limits.MAX_DIMS} dimensions (at {path})")
+    if len(meta["sizes"]) != len(meta["strides"]):
+        raise Refused(f"declares a tensor with {len(meta['sizes'])} sizes and {len(meta['strides'])} strides (at {path})")
     for value in (*meta["sizes"], *meta["strides"], meta["storage_offset"]):
         if "as_int" in value and value["as_int"] < 0:
             raise Refused(f"declares a negative size, stride or offset (at {path})")
+    _declared_extent(meta, f"a tensor (at {path})")
+
+
+def _declared_extent(meta: dict, what: str) -> int:
+    """Elements from the storage's start to ``meta``'s last one (0 when it has none), over its static sizes;
+    refused beyond int64, where torch's own arithmetic would overflow."""
+    sizes = [size.get("as_int") for size in meta["sizes"]]
+    strides = [stride.get("as_int") for stride in meta["strides"]]
+    if 0 in sizes:
+        return 0
+    numel, extent = 1, meta["storage_offset"].get("as_int") or 0
+    for size, stride in zip(sizes, strides):
+        if size is None:
+            continue
+        numel *= size
+        if stride is not None:
+            extent += (size - 1) * stride
+        if numel > limits.MAX_INT or extent >= limits.MAX_INT:
+            raise Refused(f"declares {what} whose elements or extent pass int64")
+    return extent + 1
+
+
+def _check_pieces(graph: dict, path: str) -> None:
+    """Each list-returning node lists the pieces its operator makes (``pieces``), read against the sizes
+    the graph declares."""
+    for index, node in enumerate(graph["nodes"]):
+        target = operators.resolve(node["target"])
+        if target.kind is operators.Kind.OVERLOAD and pieces.returns_pieces(target.overload):
+            try:
+                pieces.check_pieces(target.overload, node, graph["tensor_values"])
+            except Refused as refusal:
+                raise Refused(f"{refusal} (at {path}.nodes[{index}])") from None
 
 
 def _check_device(device: dict, path: str) -> None:
@@ -175,15 +211,19 @@ class _ProgramChecker:
     def __init__(self) -> None:
         self.integer_bits: dict[str, int] = {}
         """Bits each symbolic-size value computed by a node can reach; size reads are 64 bits."""
+        self.nodes = 0
 
     def rules(self) -> Rules:
         return Rules(
             text=_text_rules(),
             keys=_key_rules(),
-            hooks={s.Node: self.check_node, s.TensorMeta: _check_tensor_meta, s.Device: _check_device},
+            hooks={s.Node: self.check_node, s.Graph: _check_pieces, s.TensorMeta: _check_tensor_meta, s.Device: _check_device},
         )
 
     def check_node(self, node: dict, path: str) -> None:
+        self.nodes += 1
+        if self.nodes > limits.MAX_NODES:
+            raise Refused(f"has more than {limits.MAX_NODES:,} nodes, the most strideguard reads within its time and memory bounds")
         target = operators.resolve(node["target"])
         try:
             operators.check_arguments(target, node["inputs"])
@@ -346,14 +386,8 @@ def check_payloads(config: Any, folder: str, prefix: str, kind: str, blob_sizes:
 
 
 def _check_fits(meta: dict, stored: int, where: str) -> None:
-    sizes = [size["as_int"] for size in meta["sizes"]]
-    strides = [stride["as_int"] for stride in meta["strides"]]
-    offset = meta["storage_offset"]["as_int"]
-    if len(sizes) != len(strides):
-        raise Refused(f"declares {where} with {len(sizes)} sizes and {len(strides)} strides")
     item = torch.empty((), dtype=_SERIALIZE_TO_TORCH_DTYPE[s.ScalarType(meta["dtype"])]).element_size()
-    numel = math.prod(sizes)
-    extent = 0 if numel == 0 else offset + 1 + sum((size - 1) * stride for size, stride in zip(sizes, strides))
+    extent = _declared_extent(meta, where)
     if stored % item:
         raise Refused(f"stores {where} in {stored} bytes, not a whole number of {item}-byte elements")
     if extent * item > stored:

@@ -100,6 +100,39 @@ def json_text(text: str, what: str) -> str:
     return text
 
 
+def json_object(text: str, what: str) -> str:
+    """``custom`` metadata: torch parses it with ``json.loads`` and uses it as a dictionary."""
+    json_text(text, what)
+    if not isinstance(json.loads(text), dict):
+        raise Refused(f"{what} is not a JSON object, which torch reads it as")
+    return text
+
+
+_NODE_SOURCE_FIELDS = {"name": str, "target": str, "graph_id": int, "pass_name": str, "action": str}
+_NODE_SOURCE_DEPTH = 64
+
+
+def node_sources(text: str, what: str) -> str:
+    """``from_node`` metadata: a list of the dictionaries ``NodeSource.to_dict`` writes (each with its own
+    ``from_node`` list), which torch reads back recursively."""
+    json_text(text, what)
+    pending = [(json.loads(text), 0)]
+    while pending:
+        sources, depth = pending.pop()
+        if sources is None and depth:
+            continue
+        if not isinstance(sources, list) or depth > _NODE_SOURCE_DEPTH:
+            raise Refused(f"{what} is not a list of node sources at most {_NODE_SOURCE_DEPTH} deep, which torch reads it as")
+        for source in sources:
+            if not isinstance(source, dict) or not source.keys() <= {*_NODE_SOURCE_FIELDS, "from_node"}:
+                raise Refused(f"{what} holds an entry that is not a node source")
+            for field, kind in _NODE_SOURCE_FIELDS.items():
+                if field in source and (type(source[field]) is not kind):
+                    raise Refused(f"{what} holds a node source whose {field} is not {kind.__name__}")
+            pending.append((source.get("from_node"), depth + 1))
+    return text
+
+
 def device_type(text: str, what: str = "a device") -> str:
     if text not in DEVICE_TYPES:
         raise Refused(f"{what} {excerpt(text)} is not one of {', '.join(sorted(DEVICE_TYPES))}")
