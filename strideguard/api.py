@@ -19,8 +19,10 @@ from .lowering import ExternKernelMemory
 from .targets import Target, target_for
 from .proof import Proof, fixed_and_proven
 from .rewrite import Pushdowns, lower_as_compiled, program_plan, transformed
+from .quiet import quietly
 
 
+@quietly
 def output_facts(
     program: ExportedProgram,
     *,
@@ -47,6 +49,7 @@ def _inspected(program: Any, policy: Any, exact: Any, backend: Any, device: Any)
     return list(plan.outputs), target
 
 
+@quietly
 def inspect(
     program: ExportedProgram,
     *,
@@ -102,6 +105,7 @@ def _backend(program: ExportedProgram, backend: Any, function: str) -> Optional[
     return resolved
 
 
+@quietly
 def densify_outputs(
     program: ExportedProgram,
     *,
@@ -161,6 +165,7 @@ def densify_outputs(
     return fixed_and_proven(program, EXECUTORCH, lower, falls_back=True, **options)[0]
 
 
+@quietly
 def prepare_for_aoti(
     program: ExportedProgram,
     *,
@@ -209,6 +214,7 @@ def prepare_for_aoti(
     )[0]
 
 
+@quietly
 def aoti_compile_and_package(
     program: ExportedProgram, package_path: Optional[str] = None, inductor_configs: Optional[dict] = None
 ) -> str:
@@ -233,6 +239,7 @@ def aoti_compile_and_package(
     return compile_proven(program, package_path, inductor_configs)[0]
 
 
+@quietly
 def compile_proven(
     program: ExportedProgram, package_path: Optional[str] = None, inductor_configs: Optional[dict] = None
 ) -> tuple[str, Proof]:

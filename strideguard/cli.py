@@ -36,7 +36,7 @@ try:  # typer 0.2x carries its own copy of click; earlier versions use click its
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions
 
-from . import densify_outputs, inspect, prepare_for_aoti
+from . import __version__, densify_outputs, inspect, prepare_for_aoti
 from .api import compile_proven
 from .proof import PROOF_KEY, Proof
 from .verification import verify as verify_program
@@ -61,6 +61,22 @@ app = typer.Typer(
 )
 
 
+def _show_version(requested: bool) -> None:
+    if requested:
+        typer.echo(f"strideguard {__version__} (torch {torch.__version__})")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Show strideguard's and torch's versions and exit.", callback=_show_version, is_eager=True, metavar=""),
+    ] = False,
+) -> None:
+    """strideguard: outputs of AOTInductor-compiled methods, dense in the layout promised."""
+
+
 class Platform(str, Enum):
     """What ``fix`` prepares the program for."""
 
@@ -74,16 +90,17 @@ class Device(str, Enum):
 
 
 ProgramFile = Annotated[Path, typer.Argument(help="A .pt2 file written by torch.export.save.", show_default=False)]
-JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else.")]
+JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else.", metavar="")]
 Exact = Annotated[
     bool,
     typer.Option(
         "--exact",
         help="Ask Inductor: run its lowering (up to a quarter of a compile; no code is compiled), decide every "
         "output by it, and for fix lower the fixed program again until every output is proven in layout.",
+        metavar="",
     ),
 ]
-Debug = Annotated[bool, typer.Option("--debug", help="On errors, show the traceback; show torch's warnings.")]
+Debug = Annotated[bool, typer.Option("--debug", help="On errors, show the traceback; show torch's warnings.", metavar="")]
 TargetDevice = Annotated[
     Optional[str],
     typer.Option(
@@ -226,7 +243,7 @@ def inspect_command(
         Optional[str],  # as typed: a Path would drop the trailing "/" that makes it a folder
         typer.Option("--plot", help="Draw each output that fix copies, before and after, into this PNG file (written under exactly this name)."),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace the --plot file if it exists.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace the --plot file if it exists.", metavar="")] = False,
     exact: Exact = False,
     device: TargetDevice = None,
     debug: Debug = False,
@@ -268,7 +285,7 @@ def fix(
         str,  # as typed: a Path would drop the trailing "/" that makes it a folder
         typer.Option("-o", "--output", help="Where to write the fixed program.", show_default=False),
     ],
-    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.", metavar="")] = False,
     platform: Annotated[
         Platform,
         typer.Option(
@@ -277,7 +294,8 @@ def fix(
         ),
     ] = Platform.aoti,
     break_aliases: Annotated[
-        bool, typer.Option("--break-aliases", help="Also copy outputs sharing memory with an input, a weight or another output.")
+        bool,
+        typer.Option("--break-aliases", help="Also copy outputs sharing memory with an input, a weight or another output.", metavar=""),
     ] = False,
     exact: Exact = False,
     pushdown: Annotated[
@@ -286,6 +304,7 @@ def fix(
             "--pushdown",
             help="First compute each returned slice or select from pieces of its producers' inputs where that is exact "
             "(less compute, no copy; values may round differently: check with verify --reference PROGRAM).",
+            metavar="",
         ),
     ] = False,
     device: TargetDevice = None,
@@ -338,7 +357,7 @@ def compile_command(
         str,
         typer.Option("-o", "--output", help="Where to write the AOTInductor package.", show_default=False),
     ],
-    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.", metavar="")] = False,
     debug: Debug = False,
 ) -> None:
     """Fix PROGRAM, prove every output dense by Inductor's lowering of the fixed program, and compile it with
@@ -497,7 +516,7 @@ def main(arguments: Optional[list[str]] = None) -> None:
         try:
             code = app(args=arguments, prog_name="strideguard", standalone_mode=False)
         except click_exceptions.NoArgsIsHelpError:
-            code = 0  # the help was printed: no command is a request for it
+            code = 2  # the usage was printed: no command is a usage error, as the docs say
         except click_exceptions.ClickException as error:
             _report_error(_usage_problem(error), json_output)
             code = 2

@@ -39,6 +39,7 @@ from .rewrite import Pushdowns, fix_graph_in_place, lower_as_compiled, transform
 from .dialect import dialect_of, dialect_of_graph
 from .view_conversion import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
 from .program import lazy_graph_module, output_values, require_exported_program, require_flag, signature_following_graph
+from .quiet import quietly
 
 COPY_OUTPUTS_BY_BACKEND = {"CudaBackend": True, "MetalBackend": False}
 """Whether a backend's outputs need strideguard's copies; backends not named here get them."""
@@ -104,6 +105,7 @@ class DenseOutputsPass(ExportedProgramPassBase):
         self.proof: Optional[Proof] = None
         """How the last program this pass fixed with ``exact=True`` was proven."""
 
+    @quietly
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
         program = require_exported_program(exported_program, "executorch.DenseOutputsPass")
         options = dict(

@@ -25,6 +25,7 @@ from .lowering import lower_outputs
 from .program import output_values, require_exported_program, user_outputs, was_pushed_down
 from .isolation import DEFAULT_SECONDS, Limits, run_isolated
 from .records import Alias, AliasKind, OutputCheck, OutputKind, VerifyReport, memory_group_peer
+from .quiet import quietly
 
 
 DEVICES = ("cpu", "cuda")
@@ -128,6 +129,7 @@ def expectations(program: ExportedProgram, compiled_program: ExportedProgram) ->
     )
 
 
+@quietly
 def verify(
     program: ExportedProgram,
     example_inputs: Optional[Any] = None,

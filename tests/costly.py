@@ -23,8 +23,10 @@ bounded by the file's size, in a result or in one line:
   2**63 - 1 with stride 0;
 * ``chain-8000``: 8,000 chained views (FakeTensor keeps each view's chain of
   view functions, so a naive replay holds 32 million);
-* ``largest``: the longest program the loader admits (``limits.MAX_NODES``
-  nodes), a chain of ``add``s, built by editing the JSON of a short one.
+* ``largest``: the largest program the loader admits: ``limits.MAX_NODES``
+  nodes (a dynamic-batch chain of ``add``s, built by editing the JSON of a
+  short one) whose size expressions, padded with terms of no value, hold
+  just under ``limits.MAX_EXPRESSIONS_TOTAL`` characters.
 """
 
 from __future__ import annotations
@@ -186,6 +188,41 @@ def longer_chain(views: int) -> Callable[[dict], None]:
     return change
 
 
+def padded_expressions(total: int) -> Callable[[dict], None]:
+    """Symbolic sizes of the program rewritten as ``Add(size, Mul(Integer(0), Add(Integer(1), ...)))`` (the
+    same value), each text distinct and at most ``limits.MAX_EXPRESSION`` characters, until the program's
+    distinct expressions hold just under ``total`` characters."""
+
+    def change(program: dict) -> None:
+        sizes = [size["as_expr"] for value in graph(program)["tensor_values"].values() for size in value["sizes"] if "as_expr" in size]
+        spare = total - 1_000 - sum(len(text) for text in set(_expression_texts(program)))
+        for index, expression in enumerate(sizes):
+            if spare < 100:
+                break
+            original = expression["expr_str"]
+            ones = (min(limits.MAX_EXPRESSION, spare) - len(original) - 60) // len("Integer(1), ")
+            terms = ", ".join(["Integer(1)"] * max(ones, 2) + [f"Integer({index + 2})"])  # each text distinct
+            padded = f"Add({original}, Mul(Integer(0), Add({terms})))"
+            spare -= len(padded)
+            expression["expr_str"] = padded
+
+    return change
+
+
+def _expression_texts(value) -> list[str]:
+    """Every ``expr_str`` in a serialized program."""
+    pending, found = [value], []
+    while pending:
+        current = pending.pop()
+        if isinstance(current, dict):
+            if isinstance(current.get("expr_str"), str):
+                found.append(current["expr_str"])
+            pending.extend(current.values())
+        elif isinstance(current, list):
+            pending.extend(current)
+    return found
+
+
 def longer_adds(count: int) -> Callable[[dict], None]:
     """``Adds``'s graph with its second ``add`` repeated until the graph holds ``count`` nodes."""
 
@@ -221,6 +258,9 @@ def make(folder: pathlib.Path) -> dict[str, pathlib.Path]:
         "rows-split": torch.export.export(Rows(split=True), (torch.randn(3),)),
         "chain-2": torch.export.export(Chain(2), (torch.randn(8, 8),)),
         "adds": torch.export.export(Adds(), (torch.randn(4),)),
+        "adds-dynamic": torch.export.export(
+            Adds(), (torch.randn(4),), dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=1024)},)
+        ),
     }
     saved = {}
     for name, program in sources.items():
@@ -236,8 +276,17 @@ def make(folder: pathlib.Path) -> dict[str, pathlib.Path]:
         "weight-150000-dims": _edited(saved["rows-unbind"], folder / "weight-150000-dims.pt2", _config_many_dims, WEIGHTS),
         "tensor-150000-dims": _edited(saved["rows-unbind"], folder / "tensor-150000-dims.pt2", _program_many_dims),
         "chain-8000": _edited(saved["chain-2"], folder / "chain-8000.pt2", longer_chain(8000)),
-        "largest": _edited(saved["adds"], folder / "largest.pt2", longer_adds(limits.MAX_NODES)),
+        "largest": _largest(saved["adds-dynamic"], folder / "largest.pt2"),
     }
+
+
+def _largest(source: pathlib.Path, target: pathlib.Path) -> pathlib.Path:
+    """``limits.MAX_NODES`` nodes with a dynamic batch, their size expressions padded up to
+    ``limits.MAX_EXPRESSIONS_TOTAL`` characters: the largest program every limit admits at once."""
+    longer = _edited(source, target.with_suffix(".tmp"), longer_adds(limits.MAX_NODES))
+    _edited(longer, target, padded_expressions(limits.MAX_EXPRESSIONS_TOTAL))
+    longer.unlink()
+    return target
 
 
 WEIGHTS = "data/weights/model_weights_config.json"

@@ -71,3 +71,28 @@ def test_protect_partitioner_checks_its_flag():
 
     with pytest.raises(TypeError, match="copy_outputs"):
         _executorch().protect_partitioner(make_partitioner(), copy_outputs="yes")
+
+
+@pytest.mark.compiles
+@pytest.mark.commands
+def test_the_librarys_calls_raise_no_notice_of_torchs_own(tmp_path):
+    """With every warning shown (``python -W default``), ``inspect(exact=True)``, ``verify`` and
+    ``aoti_compile_and_package`` print no warning: torch's notices about itself that these calls raised
+    (three ``LeafSpec`` ones a call) are silenced around them, and only around them; a warning of the
+    caller's own, after them, still shows."""
+    import subprocess
+    import sys
+
+    script = (
+        "import warnings, strideguard\n"
+        "from strideguard.examples import export_policy\n"
+        "program = export_policy(batch=1)\n"
+        "strideguard.inspect(program, exact=True)\n"
+        "strideguard.verify(program)\n"
+        f"strideguard.aoti_compile_and_package(program, {str(tmp_path / 'policy.aoti.pt2')!r})\n"
+        "warnings.warn('the caller speaks', FutureWarning)\n"
+    )
+    result = subprocess.run([sys.executable, "-W", "default", "-c", script], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warned = [line for line in result.stderr.splitlines() if "Warning:" in line]
+    assert len(warned) == 1 and "the caller speaks" in warned[0], warned

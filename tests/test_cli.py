@@ -371,3 +371,25 @@ def test_compile_writes_a_package_whose_outputs_come_back_dense(programs, tmp_pa
     assert refused.returncode == 2 and "--force" in refused.stderr
     assert strideguard("compile", source, "-o", source, "--force").returncode == 2
     assert digest(source) == before
+
+
+@pytest.mark.commands
+def test_version_usage_and_flags_read_as_documented():
+    """``--version`` and ``strideguard.__version__`` give the installed package's version; a bare
+    ``strideguard`` prints the usage and exits 2 (a usage error, as docs/command-line.md says); a flag shows
+    no ``<bool>`` value to type (``--json true`` is refused)."""
+    from importlib import metadata
+
+    import strideguard as package
+
+    assert package.__version__ == metadata.version("strideguard")
+    version = strideguard("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"strideguard {package.__version__} (torch {torch.__version__})"
+    bare = strideguard()
+    assert bare.returncode == 2 and "Usage: strideguard" in bare.stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "strideguard", "fix", "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}
+    ).stdout
+    flags = [line for line in help_text.splitlines() if "--" in line and "--help" not in line]
+    assert any("--exact" in line for line in flags)
+    assert not [line for line in flags if "<bool>" in line], help_text

@@ -33,7 +33,9 @@ import os
 import threading
 import types
 import typing
-from typing import Iterator
+from typing import Any, Iterator
+
+import sympy
 
 import torch
 from torch._export.serde import serialize
@@ -100,37 +102,56 @@ def _check_example_inputs(checked: Archive, facts: ProgramFacts) -> None:
         check_example_inputs(load_example_inputs(data, archive.check_saved_tensors), facts.in_spec, facts.user_inputs)
 
 
-_TYPE_HINTS_LOCK = threading.Lock()
+_READER_LOCK = threading.Lock()
+
+
+def _module_like(module: types.ModuleType, **replaced: Any) -> types.SimpleNamespace:
+    space = types.SimpleNamespace(**{name: getattr(module, name) for name in dir(module) if not name.startswith("__")})
+    for name, value in replaced.items():
+        setattr(space, name, value)
+    return space
 
 
 @contextlib.contextmanager
-def _type_hints_read_once() -> Iterator[None]:
-    """torch's reader (``serialize._dict_to_dataclass``) asks ``typing.get_type_hints`` again for every
-    object it builds: 65 % of reading a 20,000-node program. The schema's classes do not change, so while
-    it reads, the reader's own ``typing`` answers each class once (nothing else sees the difference)."""
-    hints = functools.lru_cache(maxsize=None)(lambda cls: typing.get_type_hints(cls, globalns=vars(serialize.schema)))
+def _torchs_reader_memoized() -> Iterator[None]:
+    """torch's reader (``serialize.py``) works out again, for every object it builds, what it already knows:
+    ``typing.get_type_hints`` of the schema class (65 % of reading a 20,000-node program), and
+    ``sympy.sympify`` of every size expression, though a dynamic-shape program repeats a few thousand times
+    the same few (10,000 parses of one expression took 17 s). While it reads, its own ``typing`` and
+    ``sympy`` answer each class and each expression text once. Both answers depend on nothing else: the
+    classes do not change, and a checked expression is ``sympy.srepr`` text, which names no symbol by its
+    bare name. Nothing else sees the difference, and torch's modules are put back after."""
+    schema_names = vars(serialize.schema)
+    hints = functools.lru_cache(maxsize=None)(lambda cls: typing.get_type_hints(cls, globalns=schema_names))
+    parsed: dict[str, Any] = {}
 
     def get_type_hints(cls, globalns=None, localns=None, include_extras=False):
-        if globalns is vars(serialize.schema) and localns is None and not include_extras:
+        if globalns is schema_names and localns is None and not include_extras:
             return hints(cls)
         return typing.get_type_hints(cls, globalns, localns, include_extras)
 
-    cached = types.SimpleNamespace(**{name: getattr(typing, name) for name in dir(typing) if not name.startswith("__")})
-    cached.get_type_hints = get_type_hints
-    with _TYPE_HINTS_LOCK:
-        if serialize.typing is not typing:  # another reader's, or torch's module no longer imports typing plainly
+    def sympify(value, *args, **kwargs):
+        if not isinstance(value, str) or args or set(kwargs) - {"locals"}:
+            return sympy.sympify(value, *args, **kwargs)
+        if value not in parsed:
+            parsed[value] = sympy.sympify(value, **kwargs)
+        return parsed[value]
+
+    with _READER_LOCK:
+        if serialize.typing is not typing or serialize.sympy is not sympy:  # torch no longer imports them plainly
             yield
             return
-        serialize.typing = cached
+        serialize.typing = _module_like(typing, get_type_hints=get_type_hints)
+        serialize.sympy = _module_like(sympy, sympify=sympify)
         try:
             yield
         finally:
-            serialize.typing = typing
+            serialize.typing, serialize.sympy = typing, sympy
 
 
 def _load_checked(path, file) -> ExportedProgram:
     try:
-        with _type_hints_read_once():
+        with _torchs_reader_memoized():
             contents = load_pt2(file)
     except Exception as error:
         lines = str(error).strip().splitlines() or [type(error).__name__]
