@@ -75,9 +75,9 @@ NAMES = {
     "math": "$x^{2$.pt2",
 }
 """Each name as a path under the run's folder (``m[/x]`` is a folder), and the file it names."""
-NAME_SOURCES = {"markup": "policy-named", "escapes": "wide", "math": "wide"}
-"""The markup name goes through every verb on a program that compiles (the policy); the others through
-the verbs that print the path on success (``wide`` has no example inputs to compile with)."""
+NAME_SOURCES = {"markup": "policy-named", "escapes": "policy-named", "math": "wide"}
+"""The markup and escape names go through every verb on a program that compiles (the policy); the math
+name, which only the plot's title would read as math, through the verbs that draw and write."""
 
 # Each verb in a child forked from one process that has imported everything, so that a run's peak memory
 # is the import's plus the run's, and the import is paid once.
@@ -291,8 +291,9 @@ def test_names_from_files_and_arguments_print_as_themselves(measured):
         assert runs[f"name-{name}.inspect-plot"]["code"] == 1
         assert "out.png" in runs[f"name-{name}.inspect-plot"]["files"]
         assert runs[f"name-{name}.fix"]["code"] == 0 and "out.pt2" in runs[f"name-{name}.fix"]["files"]
-    assert runs["name-markup.verify"]["code"] == 1, runs["name-markup.verify"]["stderr"]  # measured: the policy unfixed
-    assert runs["name-markup.compile"]["code"] == 0, runs["name-markup.compile"]["stderr"]
+    for name in ("markup", "escapes"):
+        assert runs[f"name-{name}.verify"]["code"] == 1, runs[f"name-{name}.verify"]["stderr"]  # the policy unfixed
+        assert runs[f"name-{name}.compile"]["code"] == 0, runs[f"name-{name}.compile"]["stderr"]
 
 
 def test_outputs_sharing_one_memory_cost_linear_time_and_report_size():
