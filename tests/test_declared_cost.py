@@ -11,6 +11,7 @@ import itertools
 import typing
 
 import pytest
+import sympy
 import torch
 from torch._export.serde import serialize
 
@@ -84,15 +85,16 @@ def test_declared_dimensions_are_capped_before_any_arithmetic_on_them():
 
 
 def test_torchs_reader_is_left_as_found_and_reads_the_same_program(tmp_path):
-    """The type hints torch's reader asks for are answered once per class only while strideguard reads:
-    afterwards its module's ``typing`` is the real one, and the program read is the one saved."""
+    """The type hints and size expressions torch's reader asks for are answered once per class and text
+    only while strideguard reads: afterwards its module's ``typing`` and ``sympy`` are the real ones, and
+    the program read is the one saved."""
     from strideguard.examples import export_policy
 
     program = export_policy(batch=1)
     path = tmp_path / "policy.pt2"
     torch.export.save(program, path)
     loaded = load_program(path)
-    assert serialize.typing is typing
+    assert serialize.typing is typing and serialize.sympy is sympy
     assert loaded.graph_module.code == torch.export.load(path).graph_module.code
     assert [str(n.meta["val"]) for n in loaded.graph.nodes if "val" in n.meta] == [
         str(n.meta["val"]) for n in torch.export.load(path).graph.nodes if "val" in n.meta
