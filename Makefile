@@ -20,7 +20,8 @@ demo: $(STAMP)
 # two minutes);
 # `test` runs everything but the `long` tier, which `test-long` runs: kept failures replayed in
 # the whole fuzz batches they were found in.
-# Two workers, one test file each at a time (module fixtures compile once): the two cores both busy.
+# Two workers, the two cores both busy: each file's tests on one worker (its module fixtures compile once),
+# but the zoo's models and the kept failures spread over both (tests/conftest.py, SPREAD_FILES).
 PARALLEL := -n 2 --dist loadfile
 
 check: $(STAMP)
@@ -40,10 +41,12 @@ bench: $(STAMP)
 zoo: $(STAMP)
 	$(PY) bench/zoo.py
 
+# A fresh seed each run, printed first and last; FUZZ_SEED=N replays that run's programs, batch by batch.
 FUZZ_MINUTES ?= 20
+FUZZ_SEED ?=
 fuzz: $(STAMP)
 	$(PY) -m pytest -q -m long tests/test_generated_regressions.py
-	$(PY) -m pytest -q tests/test_generated.py --fuzz-minutes=$(FUZZ_MINUTES)
+	$(PY) -m pytest -q tests/test_generated.py --fuzz-minutes=$(FUZZ_MINUTES) $(if $(FUZZ_SEED),--fuzz-seed=$(FUZZ_SEED))
 
 # The second lane: the newest torch served here (2.14.1), without ExecuTorch, as a plain
 # AOTInductor user runs strideguard; the ExecuTorch tests are skipped, each with its reason.

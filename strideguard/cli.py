@@ -414,6 +414,11 @@ def verify(
     limits = Limits(timeout, None if memory is None else int(memory * (1 << 30)))
     log = (lambda text: sys.stderr.write(text)) if debug else None
     with _running("verify", debug, json_output):
+        # Read here first, as inspect reads: a file the loader refuses is refused in a fraction of a second,
+        # before a child pays torch's import; the child reads it again, from the same bytes on disk.
+        load_program(program)
+        if reference is not None:
+            load_program(reference)
         with _spinner(f"compiling {program.name} with AOTInductor on {device.value} and running it"):
             report, measured = run_isolated(
                 _inspect_and_verify, str(program), None if reference is None else str(reference), device.value,

@@ -98,10 +98,37 @@ def pytest_addoption(parser):
         default=0.0,
         help="run tests/test_generated.py for this many minutes of random programs (0: the bounded, repeatable CI run)",
     )
+    parser.addoption(
+        "--fuzz-seed",
+        type=int,
+        default=None,
+        help="the seed of a --fuzz-minutes run, as its first and last lines print it (default: a fresh one)",
+    )
 
 
 def pytest_configure(config):
     tiers.watch()
+
+
+SPREAD_FILES = ("test_zoo.py", "test_zoo_cuda.py", "test_generated_regressions.py")
+"""Files whose tests share nothing costly (each model or kept failure built on its own)."""
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, except that the tests of ``SPREAD_FILES`` go one by one to whichever worker is
+    free: every other file's tests stay together on one worker, so that its module and session fixtures
+    (compiled programs) are built once, and the zoo's models fill both workers to the end. (xdist's own
+    ``loadgroup`` would say the same with markers, but its renamed node ids are not read by this pytest.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileSpreadingTheZoo(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path.rsplit("/", 1)[-1] in SPREAD_FILES else path
+
+    return ByFileSpreadingTheZoo(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

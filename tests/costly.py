@@ -246,8 +246,14 @@ def longer_adds(count: int) -> Callable[[dict], None]:
     return change
 
 
-def make(folder: pathlib.Path) -> dict[str, pathlib.Path]:
-    """Every costly file, written into ``folder``, by name."""
+LARGE = ("chain-8000", "largest")
+"""The largest legal programs, whose own size is the cost: building and running them takes minutes, the
+``long`` tier's."""
+
+
+def make(folder: pathlib.Path, *, large: bool = False) -> dict[str, pathlib.Path]:
+    """Every costly file, written into ``folder``, by name: those of ``LARGE`` only when ``large``, and then
+    only they."""
     folder.mkdir(parents=True, exist_ok=True)
     sources = {
         "wide": _wide(),
@@ -266,6 +272,11 @@ def make(folder: pathlib.Path) -> dict[str, pathlib.Path]:
     for name, program in sources.items():
         saved[name] = folder / f"{name}.pt2"
         torch.export.save(program, saved[name])
+    if large:
+        return {
+            "chain-8000": _edited(saved["chain-2"], folder / "chain-8000.pt2", longer_chain(8000)),
+            "largest": _largest(saved["adds-dynamic"], folder / "largest.pt2"),
+        }
     return {
         "wide": saved["wide"],
         "chain": saved["chain"],
@@ -275,8 +286,6 @@ def make(folder: pathlib.Path) -> dict[str, pathlib.Path]:
         "split-2**40": _rows(saved["rows-split"], folder / "split-2**40.pt2"),
         "weight-150000-dims": _edited(saved["rows-unbind"], folder / "weight-150000-dims.pt2", _config_many_dims, WEIGHTS),
         "tensor-150000-dims": _edited(saved["rows-unbind"], folder / "tensor-150000-dims.pt2", _program_many_dims),
-        "chain-8000": _edited(saved["chain-2"], folder / "chain-8000.pt2", longer_chain(8000)),
-        "largest": _largest(saved["adds-dynamic"], folder / "largest.pt2"),
     }
 
 

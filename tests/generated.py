@@ -45,7 +45,7 @@ from strideguard.dialect import copy_call, dialect_of, target_dim_orders
 from strideguard.lowering import lower_edge_outputs, lower_outputs
 from strideguard.view_conversion import STRIDEGUARD
 from strideguard.passes.insert_output_copies import copied_source
-from strideguard.program import copy_form_of
+from strideguard.program import copy_form_of, user_outputs
 from strideguard.dialect import is_involution
 from strideguard.verification import PUSHDOWN_TOLERANCE, compile_program
 
@@ -709,8 +709,19 @@ def pushdown_chains(draw, probe: Probe) -> tuple[tuple[Step, ...], Probe]:
         else:
             chain.take(draw(compute_steps(chain.probe, PUSHABLE_COMPUTE)))
     if chain.can_take(CUTS):
-        chain.take(draw(view_steps(chain.probe, CUTS)))
+        # A cut that keeps every element (``x[:, 0:]``, a select of a dimension of one) saves nothing: an
+        # alias or a view, nothing to push down.
+        whole = chain.probe.shape
+        kept = lambda step: math.prod(chain.probe.then(step).shape) < math.prod(whole) or (  # noqa: E731
+            not math.prod(whole) and chain.probe.then(step).shape != whole)
+        chain.take(draw(view_steps(chain.probe, CUTS).filter(kept)))
     return chain.made()
+
+
+def pushdown_programs() -> st.SearchStrategy[ProgramSpec]:
+    """Programs shaped for ``pushdown=True``: compute, then a returned piece of it (``pushdown_chains``),
+    each value made fresh and returned."""
+    return programs(pushdown_chains, fresh_sources=True)
 
 
 def tensor_specs(*, batched: bool) -> st.SearchStrategy[TensorSpec]:
@@ -738,8 +749,12 @@ def weight_specs() -> st.SearchStrategy[WeightSpec]:
 
 
 @st.composite
-def programs(draw, make_chains=chains) -> ProgramSpec:
-    """Inputs, weights, values made by ``make_chains`` (views and compute by default), and outputs."""
+def programs(draw, make_chains=chains, *, fresh_sources: bool = False) -> ProgramSpec:
+    """Inputs, weights, values made by ``make_chains`` (views and compute by default), and outputs.
+
+    ``fresh_sources``: each value is made from an input or a weight three times in four (not from an
+    earlier value), and every value is returned, in a drawn order: what a returned piece needs to be pushed
+    down (a value with other users is computed in full anyway)."""
     dynamic = draw(st.booleans())
     inputs = [draw(tensor_specs(batched=dynamic and i == 0)) for i in range(draw(st.integers(1, 2)))]
     weights = draw(st.lists(weight_specs(), max_size=2))
@@ -753,6 +768,8 @@ def programs(draw, make_chains=chains) -> ProgramSpec:
     for v in range(draw(st.integers(1, 4))):
         # Earlier values first: views of views, and two views of one base, are the interesting cases.
         sources = [("value", i) for i in reversed(range(v))] + [k for k in probes if k[0] != "value"]
+        if fresh_sources and (v == 0 or draw(st.integers(0, 3)) != 3):
+            sources = [k for k in probes if k[0] != "value"]
         source = draw(st.sampled_from(sources))
         steps, probe = draw(make_chains(probes[source]))
         probes[("value", v)] = probe
@@ -764,6 +781,8 @@ def programs(draw, make_chains=chains) -> ProgramSpec:
     # Values twice as often as inputs, weights and non-tensors.
     output = st.one_of(st.sampled_from(value_refs), st.sampled_from(value_refs), st.sampled_from(other_refs))
     outputs = draw(st.lists(output, min_size=1, max_size=6))
+    if fresh_sources:
+        outputs = draw(st.permutations(value_refs)) + outputs[:draw(st.integers(0, 2))]
     return ProgramSpec(
         inputs=tuple(inputs),
         weights=tuple(weights),
@@ -1272,6 +1291,10 @@ PUSHDOWN_RTOL, PUSHDOWN_ATOL = PUSHDOWN_TOLERANCE
 PUSHED_OUTPUTS: list[str] = []
 """What ``check_pushdown`` pushed down, as ``inspect`` describes it: a check that it had work to do."""
 
+PUSHED_PROGRAMS: set[str] = set()
+"""The generated programs (``ProgramSpec.dumps()``) in which ``check_pushdown`` pushed at least one output
+down: the fuzz reports their share."""
+
 
 def check_pushdown(specs: Sequence[ProgramSpec]) -> Sample:
     """The contract of ``pushdown=True`` on generated programs, many as one method.
@@ -1319,6 +1342,9 @@ def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> S
 
     only_pushed = program_plan(program, STRIDEGUARD, pushdowns=Pushdowns.APPLIED, copy_outputs=False)
     PUSHED_OUTPUTS.extend(pushdown.description for pushdown in only_pushed.pushdowns)
+    by_position = {out.position: out.index for out in user_outputs(program.graph_signature)}
+    PUSHED_PROGRAMS.update(specs[owners[by_position[pushdown.output]][0]].dumps()
+                           for pushdown in only_pushed.pushdowns if pushdown.output in by_position)
     before, after = graph_flops(program.graph), graph_flops(only_pushed.graph)
     if before is not None and after is not None and after > before:
         problems += [(part, f"pushdown raised the FLOPs from {before} to {after}") for part in range(len(specs))]

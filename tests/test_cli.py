@@ -1,4 +1,6 @@
-"""The command line, driven as users drive it: ``python -m strideguard`` in a subprocess.
+"""The command line, driven as users drive it: each command a process of its own (``tests/commands.py``: forked
+from one that imported the command line once; ``test_version_usage_and_flags_read_as_documented`` starts
+``python -m strideguard`` itself).
 
 Programs are exported here and saved with ``torch.export.save``; broken files
 are made from them by editing the archive (the hostile ones, and the write
@@ -23,17 +25,33 @@ import torch
 
 from strideguard.examples import export_decode_step, export_policy
 
+from .commands import CommandServer
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+SERVER: list[CommandServer] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def command_server():
+    """One server for the module's commands, started on first use (``make check`` runs none)."""
+    yield
+    for server in SERVER:
+        server.close()
+    SERVER.clear()
+
+
 def strideguard(*args: str | os.PathLike, cwd: Optional[os.PathLike] = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "strideguard", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-    )
+    if not SERVER:
+        SERVER.append(CommandServer())
+    return SERVER[0].run(*args, cwd=cwd)
+
+
+def python_m_strideguard(*args: str | os.PathLike, **options) -> subprocess.CompletedProcess:
+    """The command exactly as a user types it: a fresh interpreter, ``-m``."""
+    return subprocess.run([sys.executable, "-m", "strideguard", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, **options)
 
 
 def digest(path: pathlib.Path) -> str:
@@ -383,13 +401,11 @@ def test_version_usage_and_flags_read_as_documented():
     import strideguard as package
 
     assert package.__version__ == metadata.version("strideguard")
-    version = strideguard("--version")
+    version = python_m_strideguard("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"strideguard {package.__version__} (torch {torch.__version__})"
     bare = strideguard()
     assert bare.returncode == 2 and "Usage: strideguard" in bare.stdout
-    help_text = subprocess.run(
-        [sys.executable, "-m", "strideguard", "fix", "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}
-    ).stdout
+    help_text = SERVER[0].run("fix", "--help", env={"COLUMNS": "200"}).stdout
     flags = [line for line in help_text.splitlines() if "--" in line and "--help" not in line]
     assert any("--exact" in line for line in flags)
     assert not [line for line in flags if "<bool>" in line], help_text

@@ -15,6 +15,7 @@ from . import zoo
 from .conftest import needs_executorch
 
 PATHS = ["aten", pytest.param("edge", marks=needs_executorch)]
+IN_MAKE_TEST = ("llama-decode-b1-bfloat16",)
 """The robots lane (``make test-robots``, Python 3.12 with LeRobot) runs the ``lerobot`` tests of this file."""
 
 
@@ -53,7 +54,15 @@ def test_zoo_decoder_pushdown_saves_work_and_lands_dense(model, path):
     assert judgement.max_error <= 1e-4, judgement.row()
 
 
-@pytest.mark.parametrize("model", zoo.LOW_PRECISION, ids=[m.name for m in zoo.LOW_PRECISION])
+LOW_PRECISION = [
+    pytest.param(model, id=model.name, marks=() if model.name in IN_MAKE_TEST else pytest.mark.long)
+    for model in zoo.LOW_PRECISION
+]
+"""The decode step is compiled in ``make test``; the others (a UNet's compile alone takes a minute and a half
+here) in ``make test-long`` and ``make zoo``."""
+
+
+@pytest.mark.parametrize("model", LOW_PRECISION)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.compiles
 @pytest.mark.lowers
