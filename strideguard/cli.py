@@ -408,7 +408,8 @@ def verify(
 ) -> None:
     """Compile PROGRAM with AOTInductor, run it on its stored example inputs, and measure every output.
 
-    The file is read, compiled and run in a child process within --timeout and --memory."""
+    The file is read here first (a file the loader refuses is refused at once), then read, compiled and run
+    in a child process within --timeout and --memory."""
     if device is Device.cuda and not torch.cuda.is_available():
         _fail("--device cuda: this torch sees no CUDA device", json_output)
     limits = Limits(timeout, None if memory is None else int(memory * (1 << 30)))
