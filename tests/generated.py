@@ -712,9 +712,12 @@ def pushdown_chains(draw, probe: Probe) -> tuple[tuple[Step, ...], Probe]:
         # A cut that keeps every element (``x[:, 0:]``, a select of a dimension of one) saves nothing: an
         # alias or a view, nothing to push down.
         whole = chain.probe.shape
-        kept = lambda step: math.prod(chain.probe.then(step).shape) < math.prod(whole) or (  # noqa: E731
-            not math.prod(whole) and chain.probe.then(step).shape != whole)
-        chain.take(draw(view_steps(chain.probe, CUTS).filter(kept)))
+
+        def drops_elements(step: Step) -> bool:
+            cut = chain.probe.then(step).shape
+            return math.prod(cut) < math.prod(whole) or (not math.prod(whole) and cut != whole)
+
+        chain.take(draw(view_steps(chain.probe, CUTS).filter(drops_elements)))
     return chain.made()
 
 

@@ -68,7 +68,6 @@ the plot's title included."""
 PLAIN_VERBS = ("inspect", "fix")
 """For the largest legal programs (their own size is the cost): ``--exact`` and ``verify`` add Inductor's
 lowering and compile, about 7 ms a node, which the promise states per node rather than within 30 s."""
-LARGE = costly.LARGE
 NAMES = {
     "markup-escapes": "m[/x]/[bold red]a[link=https:e]b[/link]e\x1b[2J\x1b]0;title\x07m\u202egnp.pt2",
     "math": "$x^{2$.pt2",
@@ -181,7 +180,7 @@ def _verbs_for(file_name: str) -> dict[str, list[str]]:
         if NAME_SOURCES[file_name.removeprefix("name-")] == "policy-named":
             return NAME_VERBS
         return {verb: NAME_VERBS[verb] for verb in ("inspect-plot", "fix")}
-    if file_name in LARGE:
+    if file_name in costly.LARGE:
         return {verb: VERBS[verb] for verb in PLAIN_VERBS}
     return {} if file_name == "policy-named" else VERBS
 
@@ -208,7 +207,7 @@ DECLARED = {
 """Legal-looking files whose declared sizes would cost what the file does not hold: refused, by what."""
 FILES = ["wide", "chain", "unbounded-loop", "node-named-self", *DECLARED] + [case.name for case in REFUSED]
 RUN_NAMES = [f"{file}.{verb}" for file in FILES + [f"name-{name}" for name in NAMES] for verb in _verbs_for(file)]
-LARGE_RUN_NAMES = [f"{file}.{verb}" for file in LARGE for verb in _verbs_for(file)]
+LARGE_RUN_NAMES = [f"{file}.{verb}" for file in costly.LARGE for verb in _verbs_for(file)]
 
 
 @pytest.mark.parametrize("name", RUN_NAMES)
