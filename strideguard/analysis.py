@@ -28,7 +28,8 @@ from . import layout, ops
 from .compiled_layout import Compilation, CompiledLayout, LeftToInductor, Ops, Values, compiled_layout
 from .dialect import Dialect, is_higher_order, is_view_op, op_name
 from .fake_values import storage_key
-from .program import UserOutput, output_values, placeholder_roles, user_outputs
+from .naming import positional_names, source_line
+from .program import UserOutput, copied_source, output_values, placeholder_roles, user_outputs
 from .records import Action, Alias, AliasKind, LayoutReport, OutputKind, OutputLayout, Reason, memory_group_peer
 
 
@@ -109,12 +110,14 @@ def _control_flow_base(node: Node) -> bool:
     return node.target is operator.getitem and isinstance(node.args[0], Node) and is_higher_order(node.args[0].target)
 
 
-def _non_tensor_facts(out: UserOutput, value: Any, node: Optional[Node]) -> OutputFacts:
+def _non_tensor_facts(out: UserOutput, value: Any, node: Optional[Node], name: str) -> OutputFacts:
     traced = meta_value(node) if node is not None else value
     kinds = {torch.SymInt: OutputKind.SYMINT, torch.SymFloat: OutputKind.SYMFLOAT, torch.SymBool: OutputKind.SYMBOOL,
              bool: OutputKind.BOOL, int: OutputKind.INT, float: OutputKind.FLOAT, type(None): OutputKind.NONE}
     kind = next((k for t, k in kinds.items() if isinstance(traced, t)), OutputKind.OTHER)
-    record = OutputLayout(index=out.index, name=node.name if node is not None else None, kind=kind)
+    record = OutputLayout(
+        index=out.index, name=name, kind=kind, node=node.name if node is not None else None, source_line=source_line(node)
+    )
     return OutputFacts(out, node, (), None, None, record)
 
 
@@ -122,11 +125,15 @@ class OutputAnalysis:
     """The facts of a graph's user outputs, from the state they share: the compiled program's values and ops
     (``Compilation``), what each placeholder is, and which inputs, weights and outputs own each memory."""
 
-    def __init__(self, graph: torch.fx.Graph, signature: ExportGraphSignature, compilation: Compilation):
+    def __init__(
+        self, graph: torch.fx.Graph, signature: ExportGraphSignature, compilation: Compilation,
+        names: Optional[list[str]] = None,
+    ):
         self.compilation = compilation
         self.roles = placeholder_roles(signature)
         self.returned = output_values(graph)
         self.outputs = user_outputs(signature)
+        self.names = list(names) if names is not None and len(names) == len(self.outputs) else positional_names(len(self.outputs))
         self.memory_owners: dict[Any, list[Alias]] = {}
         for node in graph.find_nodes(op="placeholder"):
             key = storage_key(compilation.values(node))
@@ -149,13 +156,9 @@ class OutputAnalysis:
         node = value if isinstance(value, Node) else None
         tensor = self.compilation.values(node) if node is not None else None
         if not isinstance(tensor, torch.Tensor):
-            return _non_tensor_facts(out, value, node)
+            return _non_tensor_facts(out, value, node, self.names[out.index])
 
-        chain = []
-        base = node
-        while (source := view_source(base, self.compilation.values, self.compilation.op_of)) is not None:
-            chain.append(base)
-            base = source
+        chain, base = self._view_chain(node)
         base_role = self.roles.get(base.name) if base.op == "placeholder" else None
 
         shape = tuple(tensor.shape)
@@ -172,16 +175,20 @@ class OutputAnalysis:
         aliases = list(self.memory_owners.get(key, ()))
         aliases += [Alias(AliasKind.OUTPUT, i) for i in memory_group_peer(self.output_keys.get(key, ()), out.index)]
 
+        copied = copied_source(node)
+        copy_of = self._described(*self._view_chain(copied)) if copied is not None else None
         cause = None
         if chain:
-            cause = " of ".join(_described_chain(chain, self.compilation.op_of)) + f" of {self._source_name(base)}"
+            cause = self._described(chain, base)
+        elif copy_of is not None:
+            cause = f"copied: {copy_of}"
         elif in_target is not True:
             cause = f"produced with strides {list(layout.format_strides(strides))} by {self._source_name(base)}"
 
         in_target, reason, explanation = _verdict(compiled, base, chain, shape, target_order)
         record = OutputLayout(
             index=out.index,
-            name=node.name,
+            name=self.names[out.index],
             kind=OutputKind.TENSOR,
             action=Action.NONE if reason in (Reason.IN_LAYOUT, Reason.VIEW_IN_LAYOUT) else Action.COPY,
             reason=reason,
@@ -196,8 +203,26 @@ class OutputAnalysis:
             aliases=tuple(aliases),
             view_of=self._source_name(base) if chain else None,
             cause=cause,
+            node=node.name,
+            source_line=source_line(node),
+            copy_of=copy_of,
         )
         return OutputFacts(out, node, tuple(chain), base, tuple(target_order), record, tensor)
+
+    def _view_chain(self, node: Node) -> tuple[list[Node], Node]:
+        """The views ``node`` is made of, from it inward, and the node they view."""
+        chain = []
+        base = node
+        while (source := view_source(base, self.compilation.values, self.compilation.op_of)) is not None:
+            chain.append(base)
+            base = source
+        return chain, base
+
+    def _described(self, chain: list[Node], base: Node) -> str:
+        """A view chain and its base in words, ``slice(dim=2, 0:14) of linear``; the base alone without views."""
+        if not chain:
+            return self._source_name(base)
+        return " of ".join(_described_chain(chain, self.compilation.op_of)) + f" of {self._source_name(base)}"
 
     def _source_name(self, node: Node) -> str:
         if node.op == "placeholder":
@@ -217,17 +242,19 @@ def analyze_outputs(
     op_of: Ops = own_op,
     target_orders: Optional[Mapping[int, tuple[int, ...]]] = None,
     relaid: frozenset = frozenset(),
+    names: Optional[list[str]] = None,
 ) -> list[OutputFacts]:
     """Facts for each user output of ``graph``.
 
     ``values`` gives each node's fake value in the compiled program (an Edge
     program's view copies replayed as views); ``target_orders`` maps a user
     output's index to its promised dim order (contiguous when absent);
-    ``relaid`` holds the compute nodes whose layout those conversions may change.
+    ``relaid`` holds the compute nodes whose layout those conversions may change;
+    ``names`` each output's name in the user's words (``naming.output_names``; positional without).
     """
     returned = frozenset(v for v in output_values(graph) if isinstance(v, Node))
     compilation = Compilation(values, op_of, returned, frozenset(relaid))
-    return OutputAnalysis(graph, signature, compilation).facts(target_orders or {})
+    return OutputAnalysis(graph, signature, compilation, names).facts(target_orders or {})
 
 
 def _described_chain(chain: list[Node], op_of: Ops, shown: int = 6) -> list[str]:

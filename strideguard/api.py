@@ -20,6 +20,7 @@ from .targets import Target, target_for
 from .proof import Proof, fixed_and_proven
 from .rewrite import Pushdowns, lower_as_compiled, program_plan, transformed
 from .quiet import quietly
+from .user_layouts import resolve_layouts
 
 
 @quietly
@@ -115,6 +116,7 @@ def densify_outputs(
     backend: Any = None,
     inductor_configs: Optional[dict] = None,
     device: Any = None,
+    layouts: Optional[dict] = None,
 ) -> ExportedProgram:
     """A new program whose every user output comes back dense in its target layout.
 
@@ -147,6 +149,14 @@ def densify_outputs(
     fake tensors where it is not here), and the proof names it
     (``Proof.target``). Where that lowering cannot run here, every tensor
     output is copied and the proof lists them all as unproven, with why.
+
+    ``layouts`` gives some outputs a target of the user's choosing, keyed by
+    the output's name (``LayoutReport.outputs[i].name``: ``"image"``,
+    ``"cache.key_cache[0]"``) or index: a ``torch.memory_format``
+    (``torch.channels_last``), its name, a dim order (``(0, 2, 3, 1)``), or
+    ``"keep"`` to leave it as the compiler lays it out (reported, never
+    copied). The fixed program records it, so ``inspect``, the proof and
+    ``verify`` judge the output against it (``strideguard.user_layouts``).
     """
     program = require_exported_program(program, "densify_outputs")
     require_flag(break_aliases, "break_aliases", "densify_outputs")
@@ -155,7 +165,10 @@ def densify_outputs(
     _require_configs(inductor_configs, "densify_outputs")
     pushdowns = Pushdowns.APPLIED if require_flag(pushdown, "pushdown", "densify_outputs") else Pushdowns.NONE
     target = target_for(program, device, backend, "densify_outputs")
-    options = dict(break_aliases=break_aliases, backend=backend, pushdowns=pushdowns, target=target)
+    options = dict(
+        break_aliases=break_aliases, backend=backend, pushdowns=pushdowns, target=target,
+        layouts=resolve_layouts(program, layouts, "densify_outputs"),
+    )
     if not exact:
         return transformed(program, EXECUTORCH, **options)[0]
 
@@ -175,6 +188,7 @@ def prepare_for_aoti(
     pushdown: bool = False,
     backend: Any = None,
     device: Any = None,
+    layouts: Optional[dict] = None,
 ) -> ExportedProgram:
     """Make an ATen or Edge program ready for AOTInductor.
 
@@ -187,7 +201,9 @@ def prepare_for_aoti(
     Inductor's lowering which outputs need the copy and closes the loop on the
     result, ``backend`` names the AOTI backend whose own passes run after these,
     and ``pushdown`` moves returned pieces into their producers first, as in
-    ``densify_outputs``; ``device`` as in ``densify_outputs``.
+    ``densify_outputs``; ``device`` and ``layouts`` as in ``densify_outputs``
+    (for an Edge program, an output asked in another dim order than the one
+    it promises is copied into it, and the program then promises that).
     """
     program = require_exported_program(program, "prepare_for_aoti")
     flags = (("copy_outputs", copy_outputs), ("break_aliases", break_aliases), ("exact", exact), ("pushdown", pushdown))
@@ -195,11 +211,14 @@ def prepare_for_aoti(
         require_flag(value, name, "prepare_for_aoti")
     backend = _backend(program, backend, "prepare_for_aoti")
     if not dialect_of(program).is_edge:
-        return densify_outputs(program, break_aliases=break_aliases, exact=exact, pushdown=pushdown, device=device)
+        return densify_outputs(
+            program, break_aliases=break_aliases, exact=exact, pushdown=pushdown, device=device, layouts=layouts
+        )
     target = target_for(program, device, backend, "prepare_for_aoti")
     options = dict(
         break_aliases=break_aliases, copy_outputs=copy_outputs, update_values=False, backend=backend,
         pushdowns=Pushdowns.APPLIED if pushdown else Pushdowns.NONE, target=target,
+        layouts=resolve_layouts(program, layouts, "prepare_for_aoti"),
     )
     if not (exact and copy_outputs):
         return transformed(program, STRIDEGUARD, **options)[0]
@@ -216,7 +235,11 @@ def prepare_for_aoti(
 
 @quietly
 def aoti_compile_and_package(
-    program: ExportedProgram, package_path: Optional[str] = None, inductor_configs: Optional[dict] = None
+    program: ExportedProgram,
+    package_path: Optional[str] = None,
+    inductor_configs: Optional[dict] = None,
+    *,
+    layouts: Optional[dict] = None,
 ) -> str:
     """``torch._inductor.aoti_compile_and_package`` with every user output proven dense first.
 
@@ -226,6 +249,7 @@ def aoti_compile_and_package(
     and repaired until every output is in its layout (``strideguard.proof``),
     then compiled. ``program`` is not modified. Edge programs are compiled by
     ExecuTorch's AOTI backends: use ``strideguard.executorch.DenseOutputsPass``.
+    ``layouts`` as in ``densify_outputs``.
     """
     program = require_exported_program(program, "aoti_compile_and_package")
     if dialect_of(program).is_edge:
@@ -236,12 +260,16 @@ def aoti_compile_and_package(
     if package_path is not None and not isinstance(package_path, (str, os.PathLike)):
         raise TypeError(f"strideguard.aoti_compile_and_package: package_path must be a path, got {type(package_path).__name__}")
     _require_configs(inductor_configs, "aoti_compile_and_package")
-    return compile_proven(program, package_path, inductor_configs)[0]
+    return compile_proven(program, package_path, inductor_configs, layouts=layouts)[0]
 
 
 @quietly
 def compile_proven(
-    program: ExportedProgram, package_path: Optional[str] = None, inductor_configs: Optional[dict] = None
+    program: ExportedProgram,
+    package_path: Optional[str] = None,
+    inductor_configs: Optional[dict] = None,
+    *,
+    layouts: Optional[dict] = None,
 ) -> tuple[str, Proof]:
     """``aoti_compile_and_package``'s work, returning the package's path and how its layouts were proven."""
     configs = dict(inductor_configs or {})
@@ -258,7 +286,10 @@ def compile_proven(
     def lower(candidate: ExportedProgram):
         return lower_as_compiled(candidate, inductor_configs=inductor_configs, target=target)
 
-    fixed, _, proof = fixed_and_proven(program, EXECUTORCH, lower, keeps_kernel_memory=True, target=target)
+    fixed, _, proof = fixed_and_proven(
+        program, EXECUTORCH, lower, keeps_kernel_memory=True, target=target,
+        layouts=resolve_layouts(program, layouts, "aoti_compile_and_package"),
+    )
     path = torch._inductor.aoti_compile_and_package(fixed, package_path=package_path, inductor_configs=configs)
     return path, proof
 

@@ -27,9 +27,7 @@ from typing import Annotated, Iterator, Optional
 import torch
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 try:  # typer 0.2x carries its own copy of click; earlier versions use click itself
     from typer._click import exceptions as click_exceptions
@@ -52,6 +50,7 @@ from .loading import (
 from .loading.errors import one_line
 from .isolation import DEFAULT_SECONDS, ChildFailed, Limits, LimitExceeded, run_isolated
 from .records import LayoutReport, VerifyReport
+from .tables import BLOCKS, NARROW, layout_shapes, literal, print_fitted, verify_shapes
 
 app = typer.Typer(
     add_completion=False,
@@ -73,8 +72,18 @@ def _options(
         bool,
         typer.Option("--version", help="Show strideguard's and torch's versions and exit.", callback=_show_version, is_eager=True, metavar=""),
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("-v", "--verbose", help="Log on stderr what strideguard decides, lowers and skips, and why.", metavar=""),
+    ] = False,
 ) -> None:
     """strideguard: outputs of AOTInductor-compiled methods, dense in the layout promised."""
+    if verbose:
+        logger = logging.getLogger("strideguard")
+        logger.setLevel(logging.INFO)
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("strideguard: %(message)s"))
+        logger.addHandler(handler)
 
 
 class Platform(str, Enum):
@@ -98,6 +107,19 @@ Exact = Annotated[
         help="Ask Inductor: run its lowering (up to a quarter of a compile; no code is compiled), decide every "
         "output by it, and for fix lower the fixed program again until every output is proven in layout.",
         metavar="",
+    ),
+]
+Wide = Annotated[
+    bool,
+    typer.Option("--wide", help="Print the whole table, every column, however narrow the terminal.", metavar=""),
+]
+LayoutOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--layout",
+        help="NAME=LAYOUT: the layout output NAME (or index) must come back in: contiguous, channels_last, "
+        "channels_last_3d, a dim order such as 0,2,3,1, or keep (as the compiler lays it out). Repeatable.",
+        show_default=False,
     ),
 ]
 Debug = Annotated[bool, typer.Option("--debug", help="On errors, show the traceback; show torch's warnings.", metavar="")]
@@ -170,60 +192,36 @@ def _report_error(message: str, json_output: bool) -> None:
 
 
 def _stdout() -> Console:
-    """The console for results: a terminal's own width; wide enough for the tables when piped to a file.
-    No ``:name:`` emoji codes: text from a file is shown as it is (``_literal``)."""
+    """The console for results: a terminal's own width; piped, ``COLUMNS`` when set, else wide enough for the
+    whole tables. No ``:name:`` emoji codes: text from a file is shown as it is (``literal``)."""
     console = Console(emoji=False)
-    return console if console.is_terminal else Console(width=160, emoji=False)
+    if console.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        return console
+    return Console(width=160, emoji=False)
 
 
-def _literal(text: object) -> str:
-    """Text from a file or an argument (a path, a name, a message), for rich: its markup escaped and every
-    control, format or bidirectional character shown as an escape (``\\x1b``, ``\\u202e``), so that
-    it prints as itself and leaves the terminal as it was."""
-    return escape(one_line(str(text)))
 
 
 def _print_json(data: dict) -> None:
     typer.echo(json.dumps(data, indent=2))
 
 
-def _yes_no(value: Optional[bool]) -> str:
-    return {True: "yes", False: "[red]no[/]", None: "[yellow]unknown[/]"}[value]
-
-
-_MARKUP = {"no": "[red]no[/]", "unknown": "[yellow]unknown[/]", "copy": "[yellow]copy[/]"}
-
-
-def _layout_table(title: str, report: LayoutReport) -> Table:
-    """``OutputLayout.cells()``, the one rendering of a record, with colour."""
-    table = Table(title=_literal(title), title_justify="left")
-    for column in ("#", "name", "shape", "dtype", "strides", "dense", "contiguous", "aliases", "cause", "fix"):
-        table.add_column(column, overflow="fold")
-    table.caption = (
-        "strides from Inductor's lowering"
-        if report.source == "lowering"
-        else "strides read off the graph; where Inductor decides, fix copies and --exact asks Inductor"
-    )
-    for output in report.outputs:
-        cells = {column: _MARKUP.get(value, _literal(value)) for column, value in output.cells().items()}
-        cells["#"] = f"[{'green' if output.ok else 'red'}]{cells['#']}[/]"
-        cells["strides"] = cells["strides"].replace(" (Inductor decides)", " [yellow](Inductor decides)[/]")
-        table.add_row(*cells.values())
-    return table
-
-
-def _print_layout(console: Console, title: str, report: LayoutReport) -> None:
-    console.print(_layout_table(title, report))
-    for output in report.copies_needed:
+def _print_layout(console: Console, title: str, report: LayoutReport, wide: bool) -> None:
+    shown = print_fitted(console, layout_shapes(title, report), wide)
+    for output in report.outputs if shown == NARROW else ():  # the columns the narrower table left out
+        if output.cause or output.source_line:
+            made = f" (at {literal(output.source_line)})" if output.source_line else ""
+            console.print(f"  {literal(output.name)}: {literal(output.cause or '-')}{made}")
+    for output in report.copies_needed if shown != BLOCKS else ():  # the blocks say why in each output's own
         console.print(
-            f"  fix copies \\[{output.index}] {_literal(output.name)} into dim order {list(output.target_dim_order)}: "
-            f"{_literal(output.explanation)}"
+            f"  fix copies {literal(output.name)} into dim order {list(output.target_dim_order)}: "
+            f"{literal(output.explanation)}"
         )
     for output in report.outputs:
         if output.pushdown:
             saving = "" if output.flops_saved is None else f", {output.flops_saved:.0%} of those ops' FLOPs saved"
             console.print(
-                f"  fix --pushdown computes \\[{output.index}] {_literal(output.name)} from pieces: {_literal(output.pushdown)}{saving}"
+                f"  fix --pushdown computes {literal(output.name)} from pieces: {literal(output.pushdown)}{saving}"
             )
     strided = [output for output in report.outputs if not output.ok]
     if strided:
@@ -246,6 +244,7 @@ def inspect_command(
     force: Annotated[bool, typer.Option("--force", help="Replace the --plot file if it exists.", metavar="")] = False,
     exact: Exact = False,
     device: TargetDevice = None,
+    wide: Wide = False,
     debug: Debug = False,
 ) -> None:
     """Show every user output as AOTInductor will return it, and what fix would insert."""
@@ -261,9 +260,9 @@ def inspect_command(
         _print_json(report.to_dict())
     else:
         console = _stdout()
-        _print_layout(console, f"{program}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report)
+        _print_layout(console, f"{program}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report, wide)
         if plot is not None:
-            console.print(f"wrote {_literal(plot)}")
+            console.print(f"wrote {literal(plot)}")
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -308,6 +307,8 @@ def fix(
         ),
     ] = False,
     device: TargetDevice = None,
+    layout: LayoutOption = None,
+    wide: Wide = False,
     debug: Debug = False,
 ) -> None:
     """Write PROGRAM with one copy per output that would come back strided; PROGRAM is never modified."""
@@ -315,21 +316,48 @@ def fix(
     with _running("fix", debug):
         check_output_path(output, input_path=program, overwrite=force)
         loaded = load_program(program)
-        fixed = transform(loaded, break_aliases=break_aliases, exact=exact, pushdown=pushdown, device=device)
+        fixed = transform(
+            loaded, break_aliases=break_aliases, exact=exact, pushdown=pushdown, device=device,
+            layouts=_layouts(layout),
+        )
         report = inspect(fixed, exact=exact, device=device)
         save_program(fixed, output, input_path=program, overwrite=force)
     console = _stdout()
-    console.print(f"wrote {_literal(output)} (prepared for {platform.value}; {_literal(program)} unchanged)")
+    console.print(f"wrote {literal(output)} (prepared for {platform.value}; {literal(program)} unchanged)")
+    console.print(_copied_line([o.name for o in report.outputs if o.copy_of is not None]))
     if exact:
-        console.print(_literal(_proven(fixed.graph_module.meta[PROOF_KEY])))
-    _print_layout(console, f"{output}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report)
+        console.print(literal(_proven(fixed.graph_module.meta[PROOF_KEY])))
+    _print_layout(console, f"{output}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report, wide)
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _layouts(requests: Optional[list[str]]) -> Optional[dict]:
+    """``--layout NAME=LAYOUT`` options as ``densify_outputs``' ``layouts`` (a name that is all digits is an
+    index); each value is checked against its output there."""
+    if not requests:
+        return None
+    layouts: dict = {}
+    for request in requests:
+        name, separator, wanted = request.rpartition("=")
+        if not separator or not name or not wanted:
+            raise ValueError(f"--layout {request!r}: give NAME=LAYOUT, e.g. image=channels_last or 0=keep")
+        layouts[int(name) if name.isdigit() else name] = wanted
+    return layouts
+
+
+def _copied_line(names: list[str]) -> str:
+    if not names:
+        return "copied no output"
+    return f"copied {len(names)} output{'s' if len(names) != 1 else ''}: " + ", ".join(literal(name) for name in names)
 
 
 def _proven(proof: Proof) -> str:
     if proof.unproven:
-        return f"outputs {list(proof.unproven)} are not proven in their layout for {proof.target}: {proof.unproven_reason}"
-    repaired = f"; copies strengthened for outputs {list(proof.strengthened)}" if proof.strengthened else ""
+        return (
+            f"outputs {', '.join(proof.named(proof.unproven))} are not proven in their layout for {proof.target}: "
+            f"{proof.unproven_reason}"
+        )
+    repaired = f"; copies strengthened for {', '.join(proof.named(proof.strengthened))}" if proof.strengthened else ""
     rounds = "1 lowering" if proof.rounds == 1 else f"{proof.rounds} lowerings"
     return (
         f"every user output proven in its layout by Inductor's lowering of the fixed program for {proof.target} "
@@ -345,7 +373,7 @@ def _spinner(what: str) -> Iterator[None]:
     if not console.is_terminal:
         yield
         return
-    with Progress(SpinnerColumn(), TextColumn(_literal(what)), TimeElapsedColumn(), console=console, transient=True) as progress:
+    with Progress(SpinnerColumn(), TextColumn(literal(what)), TimeElapsedColumn(), console=console, transient=True) as progress:
         progress.add_task(what, total=None)
         yield
 
@@ -358,6 +386,7 @@ def compile_command(
         typer.Option("-o", "--output", help="Where to write the AOTInductor package.", show_default=False),
     ],
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.", metavar="")] = False,
+    layout: LayoutOption = None,
     debug: Debug = False,
 ) -> None:
     """Fix PROGRAM, prove every output dense by Inductor's lowering of the fixed program, and compile it with
@@ -367,12 +396,13 @@ def compile_command(
         loaded = load_program(program)
         with tempfile.TemporaryDirectory(prefix="strideguard-compile-") as directory:
             with _spinner(f"proving and compiling {program.name} with AOTInductor"):
-                package, proof = compile_proven(loaded, os.path.join(directory, "package.pt2"))
+                package, proof = compile_proven(loaded, os.path.join(directory, "package.pt2"), layouts=_layouts(layout))
             with open(package, "rb") as compiled:
                 write_output(output, lambda file: shutil.copyfileobj(compiled, file), input_path=program, overwrite=force)
     console = _stdout()
-    console.print(f"wrote {_literal(output)} (an AOTInductor package; {_literal(program)} unchanged)")
-    console.print(_literal(_proven(proof)))
+    console.print(f"wrote {literal(output)} (an AOTInductor package; {literal(program)} unchanged)")
+    console.print(_copied_line(proof.named(proof.copied)))
+    console.print(literal(_proven(proof)))
     raise typer.Exit(0)
 
 
@@ -404,6 +434,7 @@ def verify(
         ),
     ] = None,
     json_output: JsonOutput = False,
+    wide: Wide = False,
     debug: Debug = False,
 ) -> None:
     """Compile PROGRAM with AOTInductor, run it on its stored example inputs, and measure every output.
@@ -421,76 +452,28 @@ def verify(
         if reference is not None:
             load_program(reference)
         with _spinner(f"compiling {program.name} with AOTInductor on {device.value} and running it"):
-            report, measured = run_isolated(
-                _inspect_and_verify, str(program), None if reference is None else str(reference), device.value,
+            measured = run_isolated(
+                _verify_file, str(program), None if reference is None else str(reference), device.value,
                 limits=limits, what=f"verify of {program}", log=log,
             )
     if json_output:
-        _print_json(_verify_json(report, measured))
+        _print_json(measured.to_dict())
     else:
-        _print_verify(_stdout(), program, measured)
+        _print_verify(_stdout(), program, measured, wide)
     raise typer.Exit(0 if measured.ok else 1)
 
 
-def _inspect_and_verify(program: str, reference: Optional[str], device: str) -> tuple[LayoutReport, VerifyReport]:
+def _verify_file(program: str, reference: Optional[str], device: str) -> VerifyReport:
     """What ``verify`` does with the files, in the child ``run_isolated`` starts: read them as the loader
-    allows, inspect, compile, run and measure."""
+    allows, compile, run and measure."""
     loaded = load_program(program)
     reference_program = load_program(reference) if reference is not None else None
-    return inspect(loaded), verify_program(loaded, device=device, reference=reference_program)
+    return verify_program(loaded, device=device, reference=reference_program)
 
 
-def _verify_json(report: LayoutReport, measured: VerifyReport) -> dict:
-    """The verify record, each output carrying inspect's fields and, under ``measured``, what came back."""
-    data = measured.to_dict()
-    data["dialect"] = report.dialect
-    data["outputs"] = [
-        {**layout.to_dict(), "measured": check} for layout, check in zip(report.outputs, data["outputs"])
-    ]
-    return data
-
-
-def _as_predicted(check) -> str:
-    """Whether the strides returned are those inspect predicted and Inductor's lowering gave."""
-    if check.as_predicted is None:
-        return "-" if check.lowered_strides is None else "[yellow]Inductor decided[/]"
-    if check.as_predicted:
-        return "yes" if check.predicted_strides is not None else "yes (lowering)"
-    return f"[red]no[/]: {_literal(f'predicted {check.predicted_strides}, lowered {check.lowered_strides}')}"
-
-
-def _print_verify(console: Console, program: Path, measured: VerifyReport) -> None:
-    table = Table(
-        title=_literal(f"{program}: compiled with AOTInductor on {measured.device} in {measured.compile_seconds:.1f} s and run"),
-        title_justify="left",
-    )
-    for column in ("#", "name", "shape", "strides returned", "offset", "dense", "contiguous"):
-        table.add_column(column, overflow="fold")
-    columns = ("aliases", "max |err|", "equal", "as predicted")
-    referenced = any(check.reference_error is not None for check in measured.outputs)
-    for column in columns + (("|err| vs reference",) if referenced else ()):
-        table.add_column(column, overflow="fold")
-    for check in measured.outputs:
-        mark = "green" if check.ok else "red"
-        if check.kind != "tensor":
-            table.add_row(f"[{mark}]{check.index}[/]", _literal(check.name or "-"), _literal(check.kind), *["-"] * 6, _yes_no(check.match), "-",
-                          *(("-",) if referenced else ()))
-            continue
-        table.add_row(
-            f"[{mark}]{check.index}[/]",
-            _literal(check.name),
-            _literal(list(check.shape)),
-            _literal(list(check.strides)),
-            _literal(check.storage_offset),
-            _yes_no(check.dense),
-            _yes_no(check.contiguous),
-            ", ".join(map(str, check.aliases)) or "-",
-            f"{check.max_abs_error:g}",
-            _yes_no(check.match),
-            _as_predicted(check),
-            *((f"{check.reference_error:g}" if check.reference_error is not None else "-",) if referenced else ()),
-        )
-    console.print(table)
+def _print_verify(console: Console, program: Path, measured: VerifyReport, wide: bool) -> None:
+    title = f"{program}: compiled with AOTInductor on {measured.device} in {measured.compile_seconds:.1f} s and run"
+    print_fitted(console, verify_shapes(title, measured), wide)
     if measured.ok:
         console.print("[green]every user output came back dense and equal to the eager program's[/]")
     else:

@@ -13,13 +13,13 @@ from .examples import export_decode_step, export_policy
 def _layout_table(title: str, report) -> Table:
     """The report's own cells (``OutputLayout.cells``), the columns a first look needs."""
     table = Table(title=title)
-    columns = ("output", "shape", "strides", "dense", "aliases", "cause", "fix")
+    columns = ("output", "shape", "strides", "layout", "cause", "fix")
     for column in columns:
         table.add_column(column)
     for o in report.outputs:
         cells = o.cells()
         cells["output"] = f"[{cells['#']}] {cells['name']}"
-        cells["dense"] = "[green]yes[/]" if o.ok else "[red]no[/]"
+        cells["layout"] = f"[{'green' if o.ok else 'red'}]{cells['layout']}[/]"
         table.add_row(*(cells[column] for column in columns))
     return table
 

@@ -72,21 +72,38 @@ def promised_dim_order(node: torch.fx.Node) -> tuple[int, ...]:
 
 
 def target_dim_orders(program: ExportedProgram) -> tuple[Optional[tuple[int, ...]], ...]:
-    """Each user output's target layout: contiguous in an ATen program, the promised dim order in an Edge
-    one; ``None`` for an output that is not a tensor."""
-    from .program import output_values, user_outputs
+    """Each user output's target layout: the one the user asked for and the program records
+    (``program.LAYOUT_TAG``), else contiguous in an ATen program and the promised dim order in an Edge one;
+    ``None`` for an output that is not a tensor. An output the user asked to keep has its default target
+    here (``kept_outputs`` says which those are)."""
+    return target_orders_of(program.graph, program.graph_signature, dialect_of(program))
 
-    edge = dialect_of(program).is_edge
-    returned = output_values(program.graph)
+
+def target_orders_of(graph: torch.fx.Graph, signature: Any, dialect: Dialect, requested: Optional[dict] = None) -> tuple:
+    """``target_dim_orders`` for a graph and its signature; ``requested`` (user output index -> dim order or
+    ``"keep"``) goes over what the graph records."""
+    from .program import output_values, requested_layouts, user_outputs
+
+    asked = {**requested_layouts(graph, signature), **(requested or {})}
+    returned = output_values(graph)
     orders = []
-    for out in user_outputs(program.graph_signature):
+    for out in user_outputs(signature):
         node = returned[out.position]
         value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if not isinstance(value, torch.Tensor):
             orders.append(None)
+        elif isinstance(asked.get(out.index), tuple) and len(asked[out.index]) == value.dim():
+            orders.append(asked[out.index])
         else:
-            orders.append(promised_dim_order(node) if edge else tuple(range(value.dim())))
+            orders.append(promised_dim_order(node) if dialect.is_edge else tuple(range(value.dim())))
     return tuple(orders)
+
+
+def kept_outputs(program: ExportedProgram) -> frozenset[int]:
+    """The user outputs the user asked to keep as the compiler lays them out (``program.KEEP``)."""
+    from .program import KEEP, requested_layouts
+
+    return frozenset(i for i, wanted in requested_layouts(program.graph, program.graph_signature).items() if wanted == KEEP)
 
 
 def verifier_accepts(program: ExportedProgram) -> Callable[[Any], bool]:
@@ -173,6 +190,25 @@ def copy_call(dialect: Dialect, dim_order: tuple[int, ...]) -> tuple[Any, dict[s
     if dialect is Dialect.EDGE_MEMORY_FORMAT:
         return _edge_ops().aten.clone.default, {"memory_format": memory_format}
     return torch.ops.aten.clone.default, {"memory_format": memory_format}
+
+
+def copies_into(dialect: Dialect, dim_order: tuple[int, ...]) -> bool:
+    """Whether ``copy_call`` has an op copying into ``dim_order`` (dim-order mode: any order; otherwise one with a
+    ``torch.memory_format``). ATen copies into any other order through a permutation (``permuted_copy_steps``)."""
+    if dialect is Dialect.EDGE_DIM_ORDER:
+        return True
+    try:
+        _memory_format(dim_order)
+    except ValueError:
+        return False
+    return True
+
+
+def permute_call(dialect: Dialect) -> Any:
+    """``permute``: a view in ATen (an Edge program has only ``permute_copy``)."""
+    if dialect.is_edge:
+        raise ValueError("an Edge program copies into a dim order with _clone_dim_order, not through a permutation")
+    return torch.ops.aten.permute.default
 
 
 def involution_call(dialect: Dialect, dtype: torch.dtype) -> Optional[Any]:

@@ -61,3 +61,27 @@ def export_decode_step(batch: int = 1, length: int = 8, seed: int = 0) -> Export
     tokens = torch.randint(0, 512, (batch, length))
     with torch.no_grad():
         return torch.export.export(DecodeStep().eval(), (tokens,))
+
+
+class RobotPolicy(nn.Module):
+    """A robot policy returning a dict, as robot-learning code does: the action chunk sliced to the arm's
+    joints, its first step, and the gripper's channel transposed to time-major. Every one is a view of the
+    head's output, each strided in another way."""
+
+    def __init__(self, obs_dim: int = 32, hidden: int = 64, horizon: int = 8, padded_action_dim: int = 16, joints: int = 14):
+        super().__init__()
+        self.horizon, self.padded_action_dim, self.joints = horizon, padded_action_dim, joints
+        self.trunk = nn.Linear(obs_dim, hidden)
+        self.head = nn.Linear(hidden, horizon * padded_action_dim)
+
+    def forward(self, observation: torch.Tensor) -> dict[str, torch.Tensor]:
+        sample = self.head(torch.relu(self.trunk(observation))).view(-1, self.horizon, self.padded_action_dim)
+        joints = sample[..., : self.joints]
+        return {"actions": joints, "first_action": joints[:, 0], "gripper": sample[..., self.joints :].transpose(1, 2)}
+
+
+def export_robot_policy(batch: int = 2, seed: int = 0) -> ExportedProgram:
+    torch.manual_seed(seed)
+    observation = torch.randn(batch, 32)
+    with torch.no_grad():
+        return torch.export.export(RobotPolicy().eval(), (observation,))

@@ -38,6 +38,7 @@ from .targets import resolve_target, target_for
 from .rewrite import Pushdowns, fix_graph_in_place, lower_as_compiled, transformed
 from .dialect import dialect_of, dialect_of_graph
 from .view_conversion import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
+from .user_layouts import resolve_layouts
 from .program import lazy_graph_module, output_values, require_exported_program, require_flag, signature_following_graph
 from .quiet import quietly
 
@@ -78,6 +79,9 @@ class DenseOutputsPass(ExportedProgramPassBase):
     ``"cuda:sm87"``; on fake tensors where no GPU is here). Where the
     backend's own passes cannot run here, a warning is logged and the
     ``Proof`` lists every output as unproven, with why.
+
+    ``layouts`` gives some outputs a dim order of the user's choosing, as in
+    ``strideguard.densify_outputs``; the program then promises it.
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class DenseOutputsPass(ExportedProgramPassBase):
         backend: Any = None,
         compile_specs: Optional[Sequence[Any]] = None,
         device: Any = None,
+        layouts: Optional[dict] = None,
     ):
         self.copy_outputs = require_flag(copy_outputs, "copy_outputs", "executorch.DenseOutputsPass")
         self.break_aliases = require_flag(break_aliases, "break_aliases", "executorch.DenseOutputsPass")
@@ -97,6 +102,12 @@ class DenseOutputsPass(ExportedProgramPassBase):
         self.exact = require_flag(exact, "exact", "executorch.DenseOutputsPass")
         self.backend = resolve_backend(backend, compile_specs, function="executorch.DenseOutputsPass")
         self.device = resolve_target(device, function="executorch.DenseOutputsPass") if device is not None else None
+        if layouts is not None and not isinstance(layouts, dict):
+            raise TypeError(
+                "strideguard.executorch.DenseOutputsPass: layouts must be a dict from an output's name or index "
+                f"to a layout, got {type(layouts).__name__}"
+            )
+        self.layouts = dict(layouts or {})
         if self.backend is not None and not self.backend.available:
             logger.warning(
                 "strideguard: %s; DenseOutputsPass copies every output in a form that holds whatever they do, "
@@ -111,6 +122,7 @@ class DenseOutputsPass(ExportedProgramPassBase):
         options = dict(
             break_aliases=self.break_aliases, copy_outputs=self.copy_outputs, backend=self.backend,
             pushdowns=Pushdowns.APPLIED if self.pushdown else Pushdowns.NONE,
+            layouts=resolve_layouts(program, self.layouts, "executorch.DenseOutputsPass"),
         )
         target = target_for(program, self.device, self.backend, "executorch.DenseOutputsPass")
         options["target"] = target

@@ -197,3 +197,19 @@ def format_strides(strides: Sequence[Size]) -> tuple:
         except _Symbolic:
             out.append(str(s))
     return tuple(out)
+
+
+def first_wrong_stride(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequence[int]) -> Optional[str]:
+    """Why ``strides`` are provably not those of ``dim_order``, in one phrase: ``stride 6144 for dim 0 of size 1
+    where 512 is promised`` (the outermost such dimension, and how many more there are); ``None`` when
+    ``has_layout`` is not ``False``."""
+    if has_layout(shape, strides, dim_order) is not False:
+        return None
+    expected = strides_for_order(shape, dim_order)
+    wrong = [dim for dim in dim_order if _known(strides[dim] != expected[dim])]
+    if not wrong:
+        return None
+    dim = wrong[0]
+    shown = format_strides((strides[dim], expected[dim], shape[dim]))
+    more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+    return f"stride {shown[0]} for dim {dim} of size {shown[2]} where {shown[1]} is promised{more}"

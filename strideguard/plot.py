@@ -1,11 +1,17 @@
 """Pictures of the memory an output comes back in, and of the dense layout ``fix`` gives it.
 
 A stride tuple says little at a glance; a grid does. For every output that
-needs a copy, the left panel draws the storage AOTInductor hands back (one
-cell per element, rows as long as the output's row pitch) with the cells the
-output covers highlighted and numbered in the output's element order; the
-gaps between them are why the output is not dense. The right panel draws
-the same elements after ``strideguard fix``: one dense block.
+needs a copy, the left panel draws the storage AOTInductor hands back, one
+cell per element, in rows as long as the output's own row stride (its
+smallest stride above one), so that rows of the output line up whatever it is
+a view of; the cells the output covers are shaded from light to dark in the
+output's element order and numbered where the numbers fit. The gaps between
+them are why an output is not dense, and a shading that does not run row by
+row is why a dense but permuted output is not in its layout. The right panel
+draws the same elements after ``strideguard fix`` at the same scale and in
+the same orientation (rows of the same width): one dense block, shaded in the
+same element order. ``draw_copies`` returns the figure, whose panels' pixel
+arrays, numbers and titles are what the tests read back.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import matplotlib
 import numpy as np
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import ListedColormap
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from torch.export import ExportedProgram
@@ -34,19 +40,27 @@ MAX_ROWS = 32
 MAX_OUTPUTS = 6
 LABELLED_CELLS = 256
 LABELLED_ROWS = 16
-"""Cells are numbered only in panels this small, so the numbers stay legible."""
+LABELLED_COLUMNS = 24
+"""Cells are numbered only where both panels of an output are this small, so the numbers stay legible."""
 MAX_ENUMERATED = 1_000_000
 """Elements enumerated to find covered cells; past it (only overlapping, hand-made strides get there)
 the storage is drawn without the output's elements rather than exhausting memory."""
 
-_OUTSIDE, _GAP, _COVERED, _OVERLAP, _DENSE = range(5)
-_COLOURS = ListedColormap(["white", "#d9d9d9", "#f28e2b", "#c0392b", "#59a14f"])
-_LEGEND = (
-    Patch(color="#f28e2b", label="element of the output (numbered in the output's element order)"),
-    Patch(color="#c0392b", label="element shared by several output elements"),
-    Patch(color="#d9d9d9", label="in the storage but not in the output"),
-    Patch(color="#59a14f", label="after fix: the output's own dense memory"),
-)
+OUTSIDE, GAP, OVERLAP = (to_rgb(c) for c in ("white", "#d9d9d9", "#c0392b"))
+"""Colours of a cell beyond the storage, of one the output does not cover, and of one it covers twice."""
+COVERED_RAMP = (to_rgb("#fdd9a0"), to_rgb("#a0410d"))
+DENSE_RAMP = (to_rgb("#c7e9c0"), to_rgb("#1b6b2f"))
+"""Light to dark: an element's shade is its position in the output's element order (before, and after fix)."""
+
+
+def _legend(numbered: bool) -> tuple[Patch, ...]:
+    order = "numbered and shaded light to dark" if numbered else "shaded light to dark (too many cells to number)"
+    return (
+        Patch(color=COVERED_RAMP[1], label=f"element of the output, {order} in its element order"),
+        Patch(color=OVERLAP, label="element shared by several output elements"),
+        Patch(color=GAP, label="in the storage but not in the output"),
+        Patch(color=DENSE_RAMP[1], label="after fix: the output's own dense memory, same order"),
+    )
 
 
 @dataclass(frozen=True)
@@ -59,7 +73,7 @@ class _Storage:
     size: int
     """Elements in the storage."""
     row_width: int
-    """Cells per drawn row: the output's row pitch, so rows of the output line up."""
+    """Cells per drawn row, before and after fix: the output's row stride, so rows of the output line up."""
 
 
 def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLike | str | BinaryIO, *, title: str) -> int:
@@ -67,6 +81,15 @@ def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLik
 
     ``path`` may be an open binary file (how the command line writes it
     safely); the image is PNG whatever the name, so no extension is added.
+    """
+    with matplotlib.rc_context({"text.parse_math": False}):  # a name with "$...$" in it is text, not math
+        figure, drawn = _draw_copies(program, report, one_line(title))
+        figure.savefig(path, dpi=110, format="png")
+    return drawn
+
+
+def draw_copies(program: ExportedProgram, report: LayoutReport, *, title: str) -> Figure:
+    """The figure ``plot_copies`` writes: one row of two panels per output ``fix`` copies (before, after).
 
     ``report`` is ``inspect(program)``. The storage is the one the program's
     metadata gives the returned value (for a view, its source's), which is
@@ -74,11 +97,11 @@ def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLik
     are not the metadata's (a weight's view, returned as a copy), the drawn
     storage is just the returned one.
     """
-    with matplotlib.rc_context({"text.parse_math": False}):  # a name with "$...$" in it is text, not math
-        return _plot_copies(program, report, path, one_line(title))
+    with matplotlib.rc_context({"text.parse_math": False}):
+        return _draw_copies(program, report, one_line(title))[0]
 
 
-def _plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLike | str | BinaryIO, title: str) -> int:
+def _draw_copies(program: ExportedProgram, report: LayoutReport, title: str) -> tuple[Figure, int]:
     copied = [output for output in report.outputs if output.action is Action.COPY]
     drawn = copied[:MAX_OUTPUTS]
     storages = _storages(program, drawn)
@@ -90,24 +113,32 @@ def _plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLi
         for axis in axes[0]:
             axis.set_axis_off()
         axes[0][0].text(0, 0.5, "every output comes back dense: fix copies nothing", fontsize=13)
+    numbered = False
     for (before, after), output in zip(axes, drawn):
-        storage = storages[output.index]
+        storage = storages.get(output.index)
         if storage is None:
             for axis in (before, after):
                 axis.set_axis_off()
             before.text(0, 0.5, f"output {output.index} ({output.name}): symbolic sizes or strides, not drawn\n{output.explanation}")
             continue
-        _draw_returned(before, output, storage)
-        _draw_dense(after, output, storage)
+        number = _numberable(storage)
+        _draw_returned(before, output, storage, number)
+        _draw_dense(after, output, storage, number)
+        numbered |= number
+        # One scale: both panels span as many rows as the taller one, so a cell is the same size in each.
+        bottom = max(axis.get_ylim()[0] for axis in (before, after))
+        for axis in (before, after):
+            axis.set_ylim(bottom, -0.5)
     heading = title
     if len(copied) > len(drawn):
         heading += f"  (first {len(drawn)} of {len(copied)} copied outputs drawn)"
     figure.suptitle(heading, fontsize=13)
     if drawn:
-        figure.legend(handles=_LEGEND, loc="lower center", ncol=len(_LEGEND), fontsize=8, frameon=False)
-    figure.tight_layout(rect=(0, 0.04 if drawn else 0, 1, 1))
-    figure.savefig(path, dpi=110, format="png")
-    return len(drawn)
+        legend = _legend(numbered)
+        figure.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=8, frameon=False)
+    height = figure.get_figheight()
+    figure.tight_layout(rect=(0, 0.45 / height if drawn else 0, 1, 1))
+    return figure, len(drawn)
 
 
 def _storages(program: ExportedProgram, outputs: Sequence[OutputLayout]) -> dict[int, Optional[_Storage]]:
@@ -116,11 +147,11 @@ def _storages(program: ExportedProgram, outputs: Sequence[OutputLayout]) -> dict
     for fact in output_facts(program):
         output = wanted.get(fact.output.index)
         if output is not None and isinstance(fact.value, torch.Tensor):
-            storages[fact.output.index] = _storage(output, fact.value, fact.chain)
+            storages[fact.output.index] = _storage(output, fact.value)
     return storages
 
 
-def _storage(output: OutputLayout, value: torch.Tensor, chain: Sequence[torch.fx.Node]) -> Optional[_Storage]:
+def _storage(output: OutputLayout, value: torch.Tensor) -> Optional[_Storage]:
     if not all(isinstance(n, int) for n in (*output.shape, *output.strides)):
         return None
     shape, strides = tuple(output.shape), tuple(output.strides)
@@ -130,15 +161,13 @@ def _storage(output: OutputLayout, value: torch.Tensor, chain: Sequence[torch.fx
         size = max(value.untyped_storage().nbytes() // value.element_size(), offset + extent)
     else:
         offset, size = 0, extent
-    return _Storage(shape, strides, offset, max(size, 1), _row_width(shape, strides, chain, size))
+    return _Storage(shape, strides, offset, max(size, 1), row_width(shape, strides, size))
 
 
-def _row_width(shape, strides, chain: Sequence[torch.fx.Node], size: int) -> int:
-    """The row pitch: the source's innermost size for a view, else the output's smallest stride above one."""
-    for view in chain:
-        source = view.args[0].meta.get("val")
-        if isinstance(source, torch.Tensor) and source.dim() and isinstance(source.shape[-1], int):
-            return max(source.shape[-1], 1)
+def row_width(shape: Sequence[int], strides: Sequence[int], size: int) -> int:
+    """Cells per drawn row: the output's smallest stride above one among its dimensions of more than one
+    element (strides ``[90, 9, 1]``: 9, whatever the output is a view of), so that each of its rows starts a
+    drawn row; a dense row-major output is drawn as rows of its innermost size."""
     pitches = [stride for extent, stride in zip(shape, strides) if extent > 1 and stride > 1]
     return min(pitches) if pitches else max(1, min(size, MAX_COLUMNS))
 
@@ -189,19 +218,41 @@ def _window(storage_size: int, row_width: int, first_cell: int) -> tuple[int, in
     return first_row, min(rows_total - first_row, MAX_ROWS), min(row_width, MAX_COLUMNS), rows_total
 
 
-def _draw_grid(axis, kinds: np.ndarray, labels: np.ndarray, first_row: int) -> None:
-    rows, columns = kinds.shape
-    axis.imshow(kinds, cmap=_COLOURS, vmin=0, vmax=len(_COLOURS.colors) - 1, aspect="equal", interpolation="nearest")
+def _shaded(counts: np.ndarray, first: np.ndarray, numel: int, ramp, background: np.ndarray) -> np.ndarray:
+    """An RGB image: each covered cell shaded along ``ramp`` by its element's place in the element order, a cell
+    covered twice in the overlap colour, the rest as ``background`` says."""
+    light, dark = (np.array(colour) for colour in ramp)
+    where = np.clip(first, 0, max(numel - 1, 0)) / max(numel - 1, 1)
+    shaded = light + where[..., None] * (dark - light)
+    image = np.where((counts == 1)[..., None], shaded, background)
+    return np.where((counts > 1)[..., None], np.array(OVERLAP), image)
+
+
+def _numberable(storage: _Storage) -> bool:
+    """Whether both panels of an output are small enough to number every cell legibly."""
+    numel = math.prod(storage.shape)
+    for size, first in ((storage.size, storage.offset), (numel, 0)):
+        _, rows, columns, _ = _window(size, storage.row_width, first)
+        if rows * columns > LABELLED_CELLS or rows > LABELLED_ROWS or columns > LABELLED_COLUMNS:
+            return False
+    return True
+
+
+def _draw_grid(axis, image: np.ndarray, labels: np.ndarray, first_row: int, number: bool) -> None:
+    """Draw the cells, each covered one with its element's number when ``number``."""
+    rows, columns = image.shape[:2]
+    axis.imshow(image, aspect="equal", interpolation="nearest")
     axis.set_xticks(np.arange(-0.5, columns, 1), minor=True)
     axis.set_yticks(np.arange(-0.5, rows, 1), minor=True)
     axis.grid(which="minor", color="white", linewidth=0.8)
     axis.tick_params(which="both", length=0, labelsize=7)
     axis.set_yticks([0, rows - 1], [f"row {first_row}", f"row {first_row + rows - 1}"])
     axis.set_xticks([0, columns - 1], ["0", str(columns - 1)])
-    if kinds.size <= LABELLED_CELLS and rows <= LABELLED_ROWS:
-        for (row, column), label in np.ndenumerate(labels):
-            if label >= 0:
-                axis.text(column, row, str(label), ha="center", va="center", fontsize=6)
+    if not number:
+        return
+    for (row, column), label in np.ndenumerate(labels):
+        if label >= 0:
+            axis.text(column, row, str(label), ha="center", va="center", fontsize=6)
 
 
 def _truncation(first_row: int, rows: int, rows_total: int, columns: int, row_width: int) -> str:
@@ -213,39 +264,42 @@ def _truncation(first_row: int, rows: int, rows_total: int, columns: int, row_wi
     return f"\n(showing {', '.join(shown)})" if shown else ""
 
 
-def _draw_returned(axis, output: OutputLayout, storage: _Storage) -> None:
+def _background(cells: np.ndarray, size: int) -> np.ndarray:
+    return np.where((cells >= size)[..., None], np.array(OUTSIDE), np.array(GAP))
+
+
+def _draw_returned(axis, output: OutputLayout, storage: _Storage, number: bool) -> None:
     first_row, rows, columns, rows_total = _window(storage.size, storage.row_width, storage.offset)
     start = first_row * storage.row_width
     counts, first = _coverage(storage.shape, storage.strides, storage.offset, start, storage.row_width, rows, columns)
-    kinds = np.where(counts > 1, _OVERLAP, np.where(counts == 1, _COVERED, _GAP))
-    kinds[_cells(start, storage.row_width, rows, columns) >= storage.size] = _OUTSIDE
-    labels = np.where(counts > 0, first, -1)
-    _draw_grid(axis, kinds, labels, first_row)
+    numel = math.prod(storage.shape)
+    image = _shaded(counts, first, numel, COVERED_RAMP, _background(_cells(start, storage.row_width, rows, columns), storage.size))
+    _draw_grid(axis, image, np.where(counts > 0, first, -1), first_row, number)
     gaps = ""
     if rows == rows_total and columns == storage.row_width:
         unused = storage.size - int(np.count_nonzero(counts))
         gaps = f", {unused} of them not in the output" if unused else ", every one in the output, in another order"
     axis.set_title(
-        f"output {output.index} ({output.name}) as compiled: shape {list(storage.shape)}, strides {list(storage.strides)}\n"
-        f"storage of {storage.size} elements, offset {storage.offset}{gaps}"
+        f"{output.name} as compiled: shape {list(storage.shape)}, strides {list(storage.strides)}\n"
+        f"storage of {storage.size} elements in rows of {storage.row_width}, offset {storage.offset}{gaps}"
         f"{_truncation(first_row, rows, rows_total, columns, storage.row_width)}",
         fontsize=9,
     )
 
 
-def _draw_dense(axis, output: OutputLayout, storage: _Storage) -> None:
+def _draw_dense(axis, output: OutputLayout, storage: _Storage, number: bool) -> None:
+    """The same elements after fix, in rows as wide as the returned storage's (one scale, one orientation)."""
     order = tuple(output.target_dim_order)
     dense = tuple(layout.strides_for_order(storage.shape, order))
     numel = math.prod(storage.shape)
-    row_width = max(storage.shape[order[-1]], 1) if order else 1
-    first_row, rows, columns, rows_total = _window(numel, row_width, 0)
-    counts, first = _coverage(storage.shape, dense, 0, 0, row_width, rows, columns)
-    kinds = np.where(counts > 0, _DENSE, _OUTSIDE)
-    labels = np.where(counts > 0, first, -1)
-    _draw_grid(axis, kinds, labels, 0)
+    width = storage.row_width
+    first_row, rows, columns, rows_total = _window(numel, width, 0)
+    counts, first = _coverage(storage.shape, dense, 0, 0, width, rows, columns)
+    image = _shaded(counts, first, numel, DENSE_RAMP, _background(_cells(0, width, rows, columns), numel))
+    _draw_grid(axis, image, np.where(counts > 0, first, -1), 0, number)
     axis.set_title(
-        f"after strideguard fix: one copy, dense in dim order {list(order)}\n"
-        f"strides {list(dense)}, {numel} elements with no gaps"
-        f"{_truncation(first_row, rows, rows_total, columns, row_width)}",
+        f"{output.name} after strideguard fix: one copy, dense in dim order {list(order)}\n"
+        f"strides {list(dense)}, {numel} elements with no gaps, in rows of {width}"
+        f"{_truncation(first_row, rows, rows_total, columns, width)}",
         fontsize=9,
     )

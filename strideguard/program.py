@@ -77,6 +77,16 @@ def copy_form_of(node: Any) -> Optional[str]:
     return custom.get(COPY_TAG) if isinstance(custom, dict) else None
 
 
+def copied_source(node: Any) -> Optional[Any]:
+    """The node an inserted copy (``COPY_TAG``) copies, walking back over all of its nodes; ``None`` when
+    ``node`` is not one."""
+    if copy_form_of(node) is None:
+        return None
+    while copy_form_of(node) is not None:
+        node = node.args[0]
+    return node
+
+
 PUSHED_DOWN = "strideguard_pushdown"
 """Key in a pushed node's ``meta["custom"]`` (kept by ``torch.export.save``): the pushdown that made it."""
 
@@ -84,6 +94,31 @@ PUSHED_DOWN = "strideguard_pushdown"
 def was_pushed_down(graph: torch.fx.Graph) -> bool:
     """Whether a pushdown made any of ``graph``'s nodes (its values may then differ by rounding)."""
     return any(PUSHED_DOWN in node.meta.get("custom", {}) for node in graph.nodes)
+
+
+LAYOUT_TAG = "strideguard_layout"
+"""Key in a returned node's ``meta["custom"]`` (kept by ``torch.export.save`` and ExecuTorch): the layout the
+user asked for each user output it is returned as, ``{"<index>": [dim order] | "keep"}``; every later
+judgement of the program (``inspect``, the closed loop, ``verify``) reads its target from there."""
+
+KEEP = "keep"
+"""A requested layout: leave the output as the compiler lays it out (reported, never copied)."""
+
+
+def requested_layouts(graph: torch.fx.Graph, signature: ExportGraphSignature) -> dict[int, Any]:
+    """The layouts recorded in ``graph`` (``LAYOUT_TAG``), by user output index: a dim order or ``KEEP``."""
+    returned = output_values(graph)
+    found: dict[int, Any] = {}
+    for out in user_outputs(signature):
+        node = returned[out.position] if out.position < len(returned) else None
+        custom = node.meta.get("custom") if isinstance(node, torch.fx.Node) else None
+        tags = custom.get(LAYOUT_TAG) if isinstance(custom, dict) else None
+        value = tags.get(str(out.index)) if isinstance(tags, dict) else None
+        if value == KEEP:
+            found[out.index] = KEEP
+        elif isinstance(value, list) and all(isinstance(d, int) for d in value):
+            found[out.index] = tuple(value)
+    return found
 
 
 def output_copies(graph: torch.fx.Graph) -> list[Any]:

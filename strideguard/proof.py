@@ -26,11 +26,13 @@ import torch
 from torch.export import ExportedProgram
 
 from . import layout
-from .dialect import dialect_of, target_dim_orders
+from .dialect import dialect_of, kept_outputs, target_dim_orders
 from .lowering import Lowering, LoweredOutput
 from .targets import LoweringUnavailable
-from .passes.insert_output_copies import CopyForm, copied_source, insert_copy
-from .program import copy_form_of, copy_graph, output_values, rebuild, user_outputs
+from .naming import output_names
+from .passes.insert_output_copies import CopyForm, insert_copy
+from .passes.record_requested_layouts import record_requested_layouts
+from .program import copied_source, copy_form_of, copy_graph, output_values, rebuild, requested_layouts, user_outputs
 from .view_conversion import ConversionPolicy
 from .rewrite import transformed, without_garbage_collection
 
@@ -61,6 +63,15 @@ class Proof:
     """The device the lowering was for (``strideguard.targets.Target``, in words)."""
     unproven_reason: Optional[str] = None
     """Why ``unproven`` are not proven, in words."""
+    names: tuple[str, ...] = ()
+    """Every user output's name (``naming.output_names``), by index: what ``strengthened``, ``unproven`` and
+    ``copied`` say in the user's words (``named``)."""
+    copied: tuple[int, ...] = ()
+    """The user outputs the proven program returns a copy of strideguard's for."""
+
+    def named(self, indices) -> list[str]:
+        """``indices`` as the user's output names."""
+        return [self.names[i] if i < len(self.names) else f"#{i}" for i in indices]
 
 
 @dataclass(frozen=True)
@@ -113,9 +124,12 @@ def prove_layouts(
         if not wrong:
             unproven, why = _unproven(lowering, keeps_kernel_memory)
             if unproven:
-                logger.warning("strideguard: outputs %s are not proven in their layout: %s", list(unproven), why)
+                logger.warning(
+                    "strideguard: outputs %s are not proven in their layout: %s", ", ".join(output_names(fixed)[i] for i in unproven), why
+                )
             proof = Proof(
-                round_number, lowered_seconds, tuple(strengthened), lowering.backend, unproven, str(lowering.target), why
+                round_number, lowered_seconds, tuple(strengthened), lowering.backend, unproven, str(lowering.target), why,
+                tuple(output_names(fixed)), _copied_outputs(fixed),
             )
             fixed.graph_module.meta[PROOF_KEY] = proof
             return fixed, proof
@@ -169,10 +183,23 @@ def _copied_unproven(program: ExportedProgram, policy: ConversionPolicy, why: st
     )
     target = options.get("target")
     backend = options.get("backend")
-    logger.warning("strideguard: outputs %s are copied but not proven in their layout: %s", list(tensors), why)
-    proof = Proof(0, 0.0, (), getattr(backend, "name", None), tensors, str(target or "cpu"), why)
+    names = output_names(fixed)
+    logger.warning(
+        "strideguard: outputs %s are copied but not proven in their layout: %s", ", ".join(names[i] for i in tensors), why
+    )
+    proof = Proof(
+        0, 0.0, (), getattr(backend, "name", None), tensors, str(target or "cpu"), why,
+        tuple(output_names(fixed)), _copied_outputs(fixed),
+    )
     fixed.graph_module.meta[PROOF_KEY] = proof
     return fixed, changed, proof
+
+
+def _copied_outputs(program: ExportedProgram) -> tuple[int, ...]:
+    returned = output_values(program.graph)
+    return tuple(
+        out.index for out in user_outputs(program.graph_signature) if copy_form_of(returned[out.position]) is not None
+    )
 
 
 def _unproven(lowering: Lowering, keeps_kernel_memory: bool) -> tuple[tuple[int, ...], Optional[str]]:
@@ -201,9 +228,10 @@ def _out_of_layout(program: ExportedProgram, lowering: Lowering) -> list[tuple[i
         raise RuntimeError(
             f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(orders)} user outputs"
         )
+    kept = kept_outputs(program)
     wrong = []
     for index, (order, lowered) in enumerate(zip(orders, lowering.outputs)):
-        if order is None or lowered is None:
+        if order is None or lowered is None or index in kept:
             continue
         if any(layout.has_layout(lowered.shape, strides, order) is not True for strides in lowered.every_strides):
             wrong.append((index, lowered, order))
@@ -211,7 +239,6 @@ def _out_of_layout(program: ExportedProgram, lowering: Lowering) -> list[tuple[i
 
 
 def _unreached(program: ExportedProgram, index: int, lowered: LoweredOutput, order: tuple, lowering: Lowering) -> Unreached:
-    spec = user_outputs(program.graph_signature)[index].spec
     node = output_values(program.graph)[_position(program, index)]
     if copy_form_of(node) == CopyForm.KEPT.value:
         by = f"{lowering.backend}'s own passes or Inductor" if lowering.backend else "Inductor"
@@ -222,9 +249,7 @@ def _unreached(program: ExportedProgram, index: int, lowered: LoweredOutput, ord
         cause = "it is not copied"
     if lowering.unavailable:
         cause += f" ({lowering.unavailable})"
-    named = copied_source(node) or node
-    name = named.name if isinstance(named, torch.fx.Node) else getattr(spec.arg, "name", None)
-    return Unreached(index, name, tuple(lowered.strides), tuple(order), cause)
+    return Unreached(index, output_names(program)[index], tuple(lowered.strides), tuple(order), cause)
 
 
 def _with_kept_copies(program: ExportedProgram, indices: list[int]) -> ExportedProgram:
@@ -236,13 +261,15 @@ def _with_kept_copies(program: ExportedProgram, indices: list[int]) -> ExportedP
         output_node = graph.output_node()
         returned = list(output_node.args[0])
         positions = [out.position for out in user_outputs(program.graph_signature)]
+        names = output_names(program)
         for index in indices:
             node = returned[positions[index]]
             source = copied_source(node) or node
             returned[positions[index]] = insert_copy(
-                graph, source, dialect, orders[index], lambda n: n.meta.get("val"), CopyForm.KEPT
+                graph, source, dialect, orders[index], lambda n: n.meta.get("val"), CopyForm.KEPT, serves=names[index]
             )
         output_node.args = (type(output_node.args[0])(returned),)
+        record_requested_layouts(graph, program.graph_signature, requested_layouts(program.graph, program.graph_signature))
         graph.eliminate_dead_code(is_impure_node=_only_copies_are_pure)
         return rebuild(program, graph)
 

@@ -84,7 +84,45 @@ class Reason(str, Enum):
     """An output of control flow, whose compiled layout is not decided; copied."""
     SHARES_MEMORY = "shares-memory"
     """With ``break_aliases``: shares memory with an input, a weight or an earlier output; copied."""
+    KEPT = "kept"
+    """The user asked for it as the compiler lays it out (``layouts={name: "keep"}``); never copied."""
+    PROMISE_CHANGED = "promise-changed"
+    """An Edge program promised another dim order than the one the user asked for: copied into the one asked,
+    so that the program promises it."""
     NOT_A_TENSOR = "not-a-tensor"
+
+
+UNDECIDED_BY = {
+    Reason.INDUCTOR_DECIDES: "Inductor decides",
+    Reason.KERNEL_DECIDES: "the device's kernel choice decides",
+    Reason.SYMBOLIC: "a symbolic size decides",
+    Reason.BACKEND_DECIDES: "the backend's passes decide",
+    Reason.CONTROL_FLOW: "control flow decides",
+}
+"""The verdict of an output whose layout is not decided here: who decides it."""
+
+
+def layout_verdict(
+    kind: Any, in_target: Optional[bool], reason: Optional[Reason], shape, strides, order
+) -> str:
+    """Whether an output is in its target layout and, if not, why, in one short phrase: the one verdict the
+    table, the JSON and ``str(report)`` show (``in layout``; ``stride 6144 for dim 0 of size 1 where 512 is
+    promised``; ``Inductor decides``). Never says an output is out of layout where it is not."""
+    from . import layout
+
+    if kind != OutputKind.TENSOR:
+        return "not a tensor"
+    if reason is Reason.KEPT:
+        return "kept as compiled"
+    if in_target is True:
+        return "in layout"
+    if in_target is None:
+        return UNDECIDED_BY.get(reason, "undecided")
+    if all(isinstance(v, int) for v in (*shape, *strides)):
+        wrong = layout.first_wrong_stride(shape, strides, order)
+        if wrong is not None:
+            return wrong
+    return f"strides {list(strides)} are not those of dim order {list(order)}"
 
 
 @dataclass(frozen=True)
@@ -121,11 +159,24 @@ class OutputLayout:
     """How far ``pushdown=True`` moves this returned piece into its producers (``None``: it does not)."""
     flops_saved: Optional[float] = None
     """The fraction of those producers' FLOPs the pushdown saves."""
+    node: Optional[str] = None
+    """The graph node returned there (``name`` is the user's: its path in what the method returns)."""
+    source_line: Optional[str] = None
+    """The user's source line that made it, ``policy.py:17  joints[:, :6]`` (from the node's stack trace)."""
+    copy_of: Optional[str] = None
+    """In a fixed program, what strideguard's copy returned here copies (``slice(dim=2, 0:14) of linear``);
+    ``None`` where it returns no copy of strideguard's."""
 
     @property
     def ok(self) -> bool:
-        """Comes back dense in its target layout (non-tensor outputs always do)."""
-        return self.kind is not OutputKind.TENSOR or self.in_target_layout is True
+        """Comes back dense in its target layout (non-tensor outputs always do), or as the user asked
+        (``"keep"``)."""
+        return self.kind is not OutputKind.TENSOR or self.in_target_layout is True or self.reason is Reason.KEPT
+
+    @property
+    def verdict(self) -> str:
+        """In its target layout, or why not, in one phrase (``layout_verdict``)."""
+        return layout_verdict(self.kind, self.in_target_layout, self.reason, self.shape, self.strides, self.target_dim_order)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -137,34 +188,42 @@ class OutputLayout:
         data["strides"] = list(self.strides) if self.strides is not None else None
         data["target_dim_order"] = list(self.target_dim_order) if self.target_dim_order is not None else None
         data["ok"] = self.ok
+        data["verdict"] = self.verdict
         return data
 
     def cells(self) -> dict[str, str]:
-        """The output as the command line, the demo and ``str(report)`` show it: one rendering, by column."""
-        if self.kind is not OutputKind.TENSOR:
-            return {"#": str(self.index), "name": self.name or "-", "shape": "-", "dtype": self.kind.value,
-                    "strides": "-", "dense": "-", "contiguous": "-", "aliases": "-", "cause": "-", "fix": "-"}
-        decides = " (Inductor decides)" if self.in_target_layout is None else ""
+        """The output as the command line, the demo and ``str(report)`` show it: one rendering, by column
+        (``CELLS``)."""
+        tensor = self.kind is OutputKind.TENSOR
         return {
             "#": str(self.index),
             "name": self.name or "-",
-            "shape": str(list(self.shape)),
-            "dtype": self.dtype or "-",
-            "strides": f"{list(self.strides)}{decides}",
-            "dense": _yes_no(self.dense),
-            "contiguous": _yes_no(self.contiguous),
+            "shape": str(list(self.shape)) if tensor else "-",
+            "dtype": (self.dtype or "-") if tensor else self.kind.value,
+            "strides": str(list(self.strides)) if tensor else "-",
+            "layout": self.verdict,
+            "fix": "copy" if self.action is Action.COPY else "-",
             "aliases": ", ".join(map(str, self.aliases)) or "-",
             "cause": self.cause or "-",
-            "fix": "copy" if self.action is Action.COPY else "-",
+            "source": _shortened(self.source_line) if self.source_line else "-",
         }
+
+
+SOURCE_SHOWN = 40
+"""Characters of a source line's code a table cell shows (the record and the JSON keep it whole)."""
+
+
+def _shortened(source: str) -> str:
+    where, _, code = source.partition("  ")
+    return f"{where}  {code[:SOURCE_SHOWN - 1]}…" if len(code) > SOURCE_SHOWN else source
+
+
+CELLS = ("#", "name", "shape", "dtype", "strides", "layout", "fix", "aliases", "cause", "source")
+"""The columns of an output's row, in order (``OutputLayout.cells``)."""
 
 
 def _saving(fraction: Optional[float]) -> str:
     return "" if fraction is None else f", {fraction:.0%} of those ops' FLOPs saved"
-
-
-def _yes_no(value: Optional[bool]) -> str:
-    return {True: "yes", False: "no", None: "unknown"}[value]
 
 
 @dataclass(frozen=True)
@@ -208,11 +267,12 @@ class LayoutReport:
                 continue
             alias = f", aliases {c['aliases']}" if o.aliases else ""
             cause = f", {c['cause']}" if o.cause else ""
-            mark = "dense" if o.ok else "undecided" if o.in_target_layout is None else "STRIDED"
             lines.append(
-                f"  [{c['#']}] {c['name']}: {c['shape']} {c['dtype']} strides {c['strides']} {mark}{cause}{alias} "
+                f"  [{c['#']}] {c['name']}: {c['shape']} {c['dtype']} strides {c['strides']}: {c['layout']}{cause}{alias} "
                 f"-> {o.action.value} ({o.reason.value})"
             )
+            if o.source_line:
+                lines.append(f"      at {o.source_line}")
             if o.pushdown:
                 lines.append(f"      with pushdown: {o.pushdown}{_saving(o.flops_saved)}")
         return "\n".join(lines)
@@ -251,10 +311,22 @@ class OutputCheck:
     eager_tolerance: Optional[tuple[float, float]] = None
     """The ``(rtol, atol)`` within which the output had to equal eager's (``verify.EAGER_TOLERANCES``, or
     ``verify``'s ``tolerances``); ``None`` when compared exactly (integers, ``bool``) or not a tensor."""
+    node: Optional[str] = None
+    """The graph node returned there (``name`` is the user's: its path in what the method returns)."""
+    kept: bool = False
+    """The user asked for it as the compiler lays it out (``layouts={name: "keep"}``): any layout is right."""
 
     @property
     def ok(self) -> bool:
-        return self.match and (self.kind != "tensor" or bool(self.in_target_layout))
+        return self.match and (self.kind != "tensor" or bool(self.in_target_layout) or self.kept)
+
+    @property
+    def verdict(self) -> str:
+        """In its target layout as measured, or why not, in one phrase (``layout_verdict``)."""
+        return layout_verdict(
+            self.kind, self.in_target_layout, Reason.KEPT if self.kept else None,
+            self.shape, self.strides, self.target_dim_order,
+        )
 
     @property
     def as_predicted(self) -> Optional[bool]:
@@ -273,6 +345,7 @@ class OutputCheck:
         data["kind"] = self.kind.value
         data["aliases"] = [str(a) for a in self.aliases]
         data["ok"] = self.ok
+        data["verdict"] = self.verdict
         data["as_predicted"] = self.as_predicted
         return data
 
@@ -300,12 +373,14 @@ class VerifyReport:
         return tuple(o for o in self.all_checks if o.as_predicted is False)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as ``verify --json`` prints it (``docs/command-line.md`` documents each field)."""
         return {
             "ok": self.ok,
             "device": self.device,
             "compile_seconds": round(self.compile_seconds, 3),
             "mispredicted": [o.index for o in self.mispredicted],
             "outputs": [o.to_dict() for o in self.outputs],
+            "runs": [{"inputs": label, "outputs": [o.to_dict() for o in checks]} for label, checks in self.runs],
         }
 
     def to_json(self, **kwargs) -> str:
@@ -313,20 +388,30 @@ class VerifyReport:
 
     def __str__(self) -> str:
         lines = [f"{'ok' if self.ok else 'NOT OK'}: compiled in {self.compile_seconds:.1f} s on {self.device}"]
-        for o in self.outputs:
-            if o.kind != "tensor":
-                lines.append(f"  [{o.index}] {o.name or o.kind}: {o.kind}, match={o.match}")
-                continue
-            alias = f", aliases {', '.join(map(str, o.aliases))}" if o.aliases else ""
-            predicted = "" if o.as_predicted is not False else (
-                f", PREDICTED {list(o.predicted_strides or ())} LOWERED {list(o.lowered_strides or ())}"
-            )
-            within = "" if o.match or o.eager_tolerance is None else (
-                f" (rtol {o.eager_tolerance[0]:g}, atol {o.eager_tolerance[1]:g})"
-            )
-            lines.append(
-                f"  [{o.index}] {o.name}: strides {list(o.strides)} "
-                f"{'dense' if o.in_target_layout else 'STRIDED'}{alias}, max|err| {o.max_abs_error:g}, "
-                f"{'match' if o.match else 'MISMATCH'}{within}{predicted}"
-            )
+        lines += _check_lines(self.outputs)
+        for label, checks in self.runs:
+            failed = [o.name or str(o.index) for o in checks if not o.ok]
+            lines.append(f"  on {label}: " + (f"NOT OK: {', '.join(failed)}" if failed else f"all {len(checks)} ok"))
+            lines += ["  " + line for line in _check_lines(checks) if failed]
         return "\n".join(lines)
+
+
+def _check_lines(checks: Sequence[OutputCheck]) -> list[str]:
+    lines = []
+    for o in checks:
+        if o.kind != "tensor":
+            lines.append(f"  [{o.index}] {o.name or o.kind}: {o.kind}, {'match' if o.match else 'MISMATCH'}")
+            continue
+        alias = f", aliases {', '.join(map(str, o.aliases))}" if o.aliases else ""
+        predicted = "" if o.as_predicted is not False else (
+            f", PREDICTED {list(o.predicted_strides or ())} LOWERED {list(o.lowered_strides or ())}"
+        )
+        within = "" if o.match or o.eager_tolerance is None else (
+            f" (rtol {o.eager_tolerance[0]:g}, atol {o.eager_tolerance[1]:g})"
+        )
+        reference = "" if o.reference_error is None else f", |err| vs reference {o.reference_error:g}"
+        lines.append(
+            f"  [{o.index}] {o.name}: strides {list(o.strides)}: {o.verdict}{alias}, max|err| {o.max_abs_error:g}, "
+            f"{'match' if o.match else 'MISMATCH'}{within}{reference}{predicted}"
+        )
+    return lines

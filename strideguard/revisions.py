@@ -133,3 +133,33 @@ def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
         record = replace(record, action=Action.COPY, reason=Reason.SHARES_MEMORY, explanation=explanation)
         result.append(replace(fact, layout=record))
     return result
+
+
+def as_asked(facts: list[OutputFacts], requested: Mapping[int, Any], edge: bool) -> list[OutputFacts]:
+    """``facts`` with what the user asked (``requested``, by index): an output to keep (``program.KEEP``) is
+    left as the compiler lays it out, never copied, and reported so; in an Edge program, an output asked in
+    another dim order than the program promises is copied into it, which makes the program promise it
+    (ExecuTorch's runtime holds the output to the promise)."""
+    from .dialect import promised_dim_order
+    from .program import KEEP
+
+    revised = []
+    for fact in facts:
+        wanted = requested.get(fact.layout.index)
+        if wanted is None or fact.layout.kind != "tensor":
+            revised.append(fact)
+        elif wanted == KEEP:
+            revised.append(replace(fact, layout=replace(
+                fact.layout, action=Action.NONE, reason=Reason.KEPT,
+                explanation=f"kept as the compiler lays it out, as asked ({fact.layout.explanation})",
+            )))
+        elif edge and not fact.copied and fact.node is not None and promised_dim_order(fact.node) != tuple(wanted):
+            promised = list(promised_dim_order(fact.node))
+            revised.append(replace(fact, layout=replace(
+                fact.layout, action=Action.COPY, reason=Reason.PROMISE_CHANGED,
+                explanation=f"the program promises dim order {promised}: copied into {list(wanted)}, as asked, "
+                "so that it promises that",
+            )))
+        else:
+            revised.append(fact)
+    return revised

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import dataclass, replace
+import logging
+from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from torch.export import ExportedProgram
@@ -35,17 +36,21 @@ from torch.export.graph_signature import ExportGraphSignature
 from .analysis import OutputFacts, analyze_outputs
 from .attention_kernels import laid_out_by_kernel
 from .backends import Backend, BackendRewrites, backend_rewrites
-from .dialect import Dialect, dialect_of, promised_dim_order, verifier_accepts
+from .dialect import Dialect, dialect_of, target_orders_of, verifier_accepts
 from .lowering import Lowering, executorch_view_pass, lower_edge_outputs, lower_outputs
 from .targets import CPU, Target
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
 from .passes.insert_output_copies import insert_output_copies
 from .passes.push_pieces_into_producers import push_pieces_into_producers
+from .passes.record_requested_layouts import record_requested_layouts
 from .passes.view_copies_to_views import convert_views
 from .view_conversion import EXECUTORCH, NO_CONVERSION, ConversionPolicy, ViewConversion, plan_view_conversion
-from .revisions import break_shared_memory, exact_facts, left_to_backend
-from .program import copy_graph, copy_of_graph, output_values, rebuild, signature_following_graph, user_outputs
+from .naming import output_names
+from .revisions import break_shared_memory, exact_facts, as_asked, left_to_backend
+from .program import copy_graph, copy_of_graph, rebuild, requested_layouts, signature_following_graph
 from .pushdown import Pushdown, plan_pushdowns
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "Plan", "Pushdowns", "make_plan", "apply_plan", "program_plan", "transformed", "fix_graph_in_place",
@@ -79,6 +84,9 @@ class Plan:
     """The pushdowns applied in ``graph`` (``Pushdowns.APPLIED``; those only described are in ``outputs``)."""
     conversion: ViewConversion
     outputs: tuple[OutputFacts, ...]
+    requested: Mapping[int, Any] = field(default_factory=dict)
+    """The layout asked of each user output (by index: a dim order or ``program.KEEP``), recorded in the graph
+    by ``apply_plan`` so that every later judgement of the program reads it."""
 
     @property
     def copies(self) -> tuple[OutputFacts, ...]:
@@ -97,6 +105,8 @@ def make_plan(
     accepts: Optional[Callable[[Any], bool]] = None,
     lower: Optional[Callable[[torch.fx.Graph], Lowering]] = None,
     rewrites: Optional[BackendRewrites] = None,
+    names: Optional[Sequence[str]] = None,
+    layouts: Optional[Mapping[int, Any]] = None,
 ) -> Plan:
     """Decide what to push down, convert and copy in ``graph`` (``graph`` itself never changes).
 
@@ -108,6 +118,8 @@ def make_plan(
     an AOTI backend's own passes may re-lay (``rewrites``: the nodes they
     rewrite, or why they cannot run here) is copied in the form that holds
     whatever they do; with one, only where that backend's passes could not run.
+    ``names`` are the user outputs' names (``naming.output_names``); ``layouts`` the layout the user asks of
+    some of them, by index (a dim order, or ``program.KEEP``), over any the graph records.
     """
     described = plan_pushdowns(graph) if pushdowns is Pushdowns.DESCRIBED else ()
     applied: tuple[Pushdown, ...] = ()
@@ -116,11 +128,10 @@ def make_plan(
         if applied:
             graph, signature = working, signature_following_graph(signature, working)
     conversion = plan_view_conversion(graph, policy if dialect.is_edge else NO_CONVERSION, accepts=accepts)
-    returned = output_values(graph)
+    requested = {**requested_layouts(graph, signature), **(layouts or {})}
     target_orders = {
-        out.index: promised_dim_order(returned[out.position])
-        for out in user_outputs(signature)
-        if dialect.is_edge and isinstance(getattr(returned[out.position], "meta", {}).get("val"), torch.Tensor)
+        index: order for index, order in enumerate(target_orders_of(graph, signature, dialect, requested))
+        if order is not None
     }
     lowering = lower(graph) if lower is not None else None
     facts = analyze_outputs(
@@ -130,6 +141,7 @@ def make_plan(
         op_of=conversion.op_of,
         target_orders=target_orders,
         relaid=conversion.relaid(),
+        names=list(names) if names is not None else None,
     )
     if lowering is not None:
         facts = exact_facts(facts, lowering)
@@ -139,11 +151,32 @@ def make_plan(
         facts = left_to_backend(facts, graph, {}, lowering.unavailable)
     elif rewrites is not None:
         facts = left_to_backend(facts, graph, rewrites.rewritten, rewrites.unavailable)
+    facts = as_asked(facts, requested, dialect.is_edge)
     if not copy_outputs:
         facts = [fact.uncopied() for fact in facts]
     if described:
         facts = _with_pushdowns_described(facts, described)
-    return Plan(dialect, graph, signature, applied, conversion, tuple(facts))
+    _log_decisions(facts, applied, lowering, rewrites, copy_outputs)
+    return Plan(dialect, graph, signature, applied, conversion, tuple(facts), requested)
+
+
+def _log_decisions(facts, applied, lowering, rewrites, copy_outputs: bool) -> None:
+    """What was decided, on what grounds, and what was skipped and why (``logging.getLogger("strideguard")``)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    grounds = f"Inductor's lowering for {lowering.target}" if lowering is not None else "the graph alone"
+    logger.info("planned %d user outputs from %s", len(facts), grounds)
+    if rewrites is not None and rewrites.unavailable:
+        logger.info("skipped the backend's own passes: %s", rewrites.unavailable)
+    if not copy_outputs:
+        logger.info("copy_outputs=False: no output is copied (the runtime copies every output)")
+    for pushdown in applied:
+        logger.info("pushed down: %s", pushdown.description)
+    for fact in facts:
+        record = fact.layout
+        if record.kind != "tensor":
+            continue
+        logger.info("%s: %s (%s: %s)", record.name, "copy" if fact.copied else "no copy", record.reason.value, record.explanation)
 
 
 def _with_pushdowns_applied(graph: torch.fx.Graph, dialect: Dialect) -> tuple[torch.fx.Graph, tuple[Pushdown, ...]]:
@@ -176,6 +209,7 @@ def apply_plan(plan: Plan, *, update_values: bool = True) -> int:
     """
     changed = len(plan.pushdowns) + convert_views(plan.conversion, update_values=update_values)
     changed += len(insert_output_copies(plan.graph, plan.copies, plan.dialect, plan.conversion.value))
+    changed += record_requested_layouts(plan.graph, plan.signature, plan.requested)
     if plan.dialect.is_edge:
         changed += detach_copy_to_alias_copy(plan.graph)
     return changed
@@ -209,6 +243,15 @@ def lower_as_compiled(
     is (with ``inductor_configs``); an Edge program with its view copies converted under ``policy``, then by
     the installed ExecuTorch's own pass, which its AOTI backend always runs, then by ``backend``'s own passes
     and decomposition table, as its ``preprocess`` runs them."""
+    lowering = _lower_as_compiled(program, policy, backend, inductor_configs, target)
+    logger.info(
+        "lowered %d outputs with Inductor for %s in %.2f s%s", len(lowering.outputs), lowering.target, lowering.seconds,
+        f" ({lowering.backend}'s passes: {lowering.unavailable})" if lowering.unavailable else "",
+    )
+    return lowering
+
+
+def _lower_as_compiled(program, policy, backend, inductor_configs, target) -> Lowering:
     if not dialect_of(program).is_edge:
         return lower_outputs(program, inductor_configs=inductor_configs, target=target)
     if policy is EXECUTORCH:
@@ -272,7 +315,7 @@ def _plan(
 
     return make_plan(
         graph, program.graph_signature, dialect, policy, accepts=accepts,
-        lower=lower_planned if lower is not None else None, **options,
+        lower=lower_planned if lower is not None else None, names=output_names(program), **options,
     )
 
 

@@ -20,7 +20,8 @@ from torch.utils import _pytree as pytree
 
 from . import layout
 from .api import inspect
-from .dialect import dialect_of, target_dim_orders
+from .dialect import dialect_of, kept_outputs, target_dim_orders
+from .naming import output_names
 from .lowering import lower_outputs
 from .program import output_values, require_exported_program, user_outputs, was_pushed_down
 from .isolation import DEFAULT_SECONDS, Limits, run_isolated
@@ -352,9 +353,11 @@ def _check_outputs(
     def at(values: tuple, index: int) -> Optional[tuple]:
         return _concrete(values[index], sizes) if index < len(values) else None
 
+    output_name = output_names(program, len(specs))
+    kept = kept_outputs(program)
     return tuple(
         _check_one(
-            out, value, reference, input_storages, output_storages,
+            out, value, reference, input_storages, output_storages, name=output_name[out.index], kept=out.index in kept,
             target_order=expected.target_orders[out.index] if out.index < len(expected.target_orders) else None,
             predicted=at(expected.predicted, out.index),
             lowered=at(expected.lowered, out.index),
@@ -370,18 +373,20 @@ _NON_TENSOR_KINDS = {type(None): OutputKind.NONE, bool: OutputKind.BOOL, int: Ou
 
 
 def _check_one(
-    out, value, reference, input_storages, output_storages, *, target_order, predicted, lowered,
-    tolerance: Optional[tuple[float, float]] = None,
+    out, value, reference, input_storages, output_storages, *, target_order, predicted, lowered, name=None,
+    tolerance: Optional[tuple[float, float]] = None, kept: bool = False,
 ) -> OutputCheck:
     """One output measured. ``tolerance`` is the ``(rtol, atol)`` its floating values must equal eager's within
-    (``None``: exactly); an integer or ``bool`` output is compared exactly whatever it is."""
-    name = getattr(out.spec.arg, "name", None)
+    (``None``: exactly); an integer or ``bool`` output is compared exactly whatever it is. ``kept``: the user
+    asked for it as the compiler lays it out."""
+    node = getattr(out.spec.arg, "name", None) or None
+    name = name or node
     if not isinstance(reference, torch.Tensor):
         # AOTInductor hands back an int or float output as a 0-dim tensor.
         kind = _NON_TENSOR_KINDS.get(type(reference), OutputKind.OTHER)
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
-        return OutputCheck(index=out.index, name=name, kind=kind, match=value == reference)
+        return OutputCheck(index=out.index, name=name, kind=kind, match=value == reference, node=node)
     shape, strides = tuple(value.shape), tuple(value.stride())
     aliases = []
     if value.numel():
@@ -417,6 +422,8 @@ def _check_one(
         match=bool(match),
         predicted_strides=predicted,
         lowered_strides=lowered,
+        node=node,
+        kept=kept,
     )
 
 

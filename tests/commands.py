@@ -70,9 +70,12 @@ class CommandServer:
         self._folder = tempfile.TemporaryDirectory(prefix="strideguard-commands-")
         self._count = 0
         self._pending = b""
+        # As a user's shell runs a command into a pipe: no COLUMNS (pytest-xdist's workers set COLUMNS=80, which
+        # the command line honours); a test that wants a width says so (``run(..., env={"COLUMNS": "80"})``).
+        environment = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
         self._process = subprocess.Popen(
             [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=Path(__file__).resolve().parent.parent, env=environment,
         )
         assert "ready" in self._reply(timeout=300), "the command server did not start"
 

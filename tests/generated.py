@@ -44,7 +44,7 @@ from strideguard.rewrite import lower_as_compiled
 from strideguard.dialect import copy_call, dialect_of, target_dim_orders
 from strideguard.lowering import lower_edge_outputs, lower_outputs
 from strideguard.view_conversion import STRIDEGUARD
-from strideguard.passes.insert_output_copies import copied_source
+from strideguard.program import copied_source
 from strideguard.program import copy_form_of, user_outputs
 from strideguard.dialect import is_involution
 from strideguard.verification import PUSHDOWN_TOLERANCE, compile_program

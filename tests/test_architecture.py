@@ -13,10 +13,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "strideguard"
 
-ANALYSIS = ["analysis", "compiled_layout", "revisions", "replay", "view_conversion", "relayout", "pushdown", "inductor", "lowering", "layout", "dialect", "ops", "records", "fake_values", "program"]
+ANALYSIS = ["analysis", "compiled_layout", "revisions", "replay", "view_conversion", "relayout", "pushdown", "inductor", "lowering", "layout", "dialect", "ops", "records", "fake_values", "program", "naming", "user_layouts"]
 """What is decided about a graph; the passes read it, never the other way round."""
 
-INTEGRATIONS = ["executorch", "cuda_graphs", "verification", "cli", "plot", "demo", "api"]
+INTEGRATIONS = ["executorch", "cuda_graphs", "verification", "cli", "tables", "plot", "demo", "api"]
 """What users call: they reach the passes only through ``rewrite`` (one plan, one apply)."""
 
 

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
-from strideguard.examples import export_decode_step, export_policy
+from strideguard.examples import export_decode_step, export_policy, export_robot_policy
 
 from .commands import CommandServer
 
@@ -123,6 +123,7 @@ def programs(tmp_path_factory) -> pathlib.Path:
     torch.export.save(dynamic, folder / "dynamic.pt2")
     torch.export.save(torch.export.export(UsesCustomOp(), (torch.randn(4),)), folder / "custom_op.pt2")
     torch.export.save(export_decode_step(batch=1, length=8), folder / "decode.pt2")
+    torch.export.save(export_robot_policy(batch=2), folder / "robot.pt2")
     return folder
 
 
@@ -130,7 +131,7 @@ def programs(tmp_path_factory) -> pathlib.Path:
 def test_inspect_shows_the_strided_output_and_exits_1(programs):
     result = strideguard("inspect", programs / "policy.pt2")
     assert result.returncode == 1, result.stderr
-    assert "slice_1" in result.stdout and "[128, 16, 1]" in result.stdout
+    assert "output" in result.stdout and "[128, 16, 1]" in result.stdout
     assert "slice(dim=2, 0:14)" in result.stdout
     assert "1 of 1 user outputs would not come back dense" in result.stdout
 
@@ -320,21 +321,103 @@ def test_errors_with_json_are_also_json_on_stdout(tmp_path):
     assert json.loads(result.stdout) == {"ok": False, "error": line.removeprefix("strideguard: error: ")}
 
 
+ROBOT_KEYS = ["actions", "first_action", "gripper"]
+
+
 @pytest.mark.compiles
 @pytest.mark.lowers
 @pytest.mark.commands
-def test_verify_proves_the_fixed_program(programs, tmp_path):
+def test_verify_proves_the_fixed_program_and_names_each_output_by_its_key(programs, tmp_path):
+    """The dict-returning policy, fixed and verified: every output named by its key, never by a node."""
     fixed = tmp_path / "fixed.pt2"
-    assert strideguard("fix", programs / "policy.pt2", "-o", fixed).returncode == 0
+    assert strideguard("fix", programs / "robot.pt2", "-o", fixed).returncode == 0
     result = strideguard("verify", fixed, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is True and report["device"] == "cpu" and report["compile_seconds"] > 0
-    [output] = report["outputs"]
-    assert output["action"] == "none"
-    measured = output["measured"]
-    assert measured["strides"] == [112, 14, 1] and measured["storage_offset"] == 0
-    assert measured["contiguous"] is True and measured["match"] is True
+    assert [measured["name"] for measured in report["outputs"]] == ROBOT_KEYS
+    assert [measured["node"] for measured in report["outputs"]] == [f"{key}_dense" for key in ROBOT_KEYS]
+    actions = report["outputs"][0]
+    assert actions["strides"] == [112, 14, 1] and actions["storage_offset"] == 0
+    assert actions["contiguous"] is True and actions["match"] is True and actions["verdict"] == "in layout"
+    assert report["runs"] == []
+    assert "neg" not in result.stdout and "aten_" not in result.stdout
+
+
+@pytest.mark.commands
+def test_a_dict_policy_is_named_by_its_keys_with_its_source_lines_before_and_after_fix(programs, tmp_path):
+    source = programs / "robot.pt2"
+    before = json.loads(strideguard("inspect", source, "--json").stdout)
+    assert [output["name"] for output in before["outputs"]] == ROBOT_KEYS
+    assert [output["node"] for output in before["outputs"]] == ["slice_1", "select", "transpose"]
+    assert all(output["source_line"].startswith("examples.py:") for output in before["outputs"])
+    assert before["outputs"][0]["source_line"].endswith("joints = sample[..., : self.joints]")
+    assert before["outputs"][0]["verdict"] == "stride 128 for dim 0 of size 2 where 112 is promised (and 1 more)"
+    fixed = tmp_path / "fixed.pt2"
+    result = strideguard("fix", source, "-o", fixed)
+    assert result.returncode == 0, result.stderr
+    assert "copied 3 outputs: actions, first_action, gripper" in result.stdout
+    after = json.loads(strideguard("inspect", fixed, "--json").stdout)
+    assert [output["name"] for output in after["outputs"]] == ROBOT_KEYS
+    assert [output["source_line"] for output in after["outputs"]] == [output["source_line"] for output in before["outputs"]]
+    assert after["outputs"][0]["cause"] == "copied: slice(dim=2, 0:14) of view([-1, 8, 16]) of linear"
+    assert after["outputs"][0]["copy_of"] == "slice(dim=2, 0:14) of view([-1, 8, 16]) of linear"
+    assert all(output["verdict"] == "in layout" and output["ok"] for output in after["outputs"])
+    nodes = [node.name for node in torch.export.load(fixed).graph.nodes]
+    assert not [name for name in nodes if "neg" in name or name.startswith("aten_")], nodes
+    assert {f"{key}_dense" for key in ROBOT_KEYS} <= set(nodes)
+    shown = strideguard("inspect", fixed).stdout + result.stdout
+    assert all(key in shown for key in ROBOT_KEYS)
+    assert "neg" not in shown and "aten_" not in shown and "_dense" not in shown
+
+
+@pytest.mark.commands
+def test_inspect_fits_the_terminal_it_is_given(programs):
+    """80 columns: no line longer, the outputs as blocks with their source lines; COLUMNS honoured when
+    piped; --wide: the whole table whatever the width."""
+    run = lambda *args, columns: SERVER[0].run("inspect", programs / "robot.pt2", *args, env={"COLUMNS": str(columns)})  # noqa: E731
+    strideguard("--version")  # starts the server
+    narrow = run(columns=80)
+    assert narrow.returncode == 1
+    lines = narrow.stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 80, narrow.stdout
+    assert all(key in narrow.stdout for key in ROBOT_KEYS) and "examples.py:" in narrow.stdout
+    assert "stride 128 for dim 0 of size 2 where 112 is promised" in narrow.stdout  # never broken mid-word
+    wide = run("--wide", columns=80)
+    header = next(line for line in wide.stdout.splitlines() if "layout" in line and "source" in line)
+    assert all(column in header for column in ("name", "strides", "layout", "fix", "cause", "source"))
+    assert max(len(line.rstrip()) for line in wide.stdout.splitlines()) > 80
+    roomy = run(columns=300)
+    assert max(len(line.rstrip()) for line in roomy.stdout.splitlines()) <= 300
+    assert any("source" in line and "cause" in line for line in roomy.stdout.splitlines())
+
+
+@pytest.mark.commands
+def test_fix_gives_each_output_the_layout_asked_for(programs, tmp_path):
+    fixed = tmp_path / "fixed.pt2"
+    result = strideguard("fix", programs / "robot.pt2", "-o", fixed, "--layout", "actions=0,2,1", "--layout", "gripper=keep")
+    assert result.returncode == 0, result.stderr
+    assert "copied 2 outputs: actions, first_action" in result.stdout
+    report = json.loads(strideguard("inspect", fixed, "--json").stdout)
+    actions, first, gripper = report["outputs"]
+    assert actions["target_dim_order"] == [0, 2, 1] and actions["strides"] == [112, 1, 8] and actions["ok"]
+    assert first["target_dim_order"] == [0, 1] and first["ok"]
+    assert gripper["reason"] == "kept" and gripper["verdict"] == "kept as compiled" and gripper["ok"]
+    assert gripper["strides"] == [128, 1, 16] and gripper["action"] == "none"
+    refused = strideguard("fix", programs / "robot.pt2", "-o", tmp_path / "no.pt2", "--layout", "first_action=channels_last")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and "first_action" in refused.stderr and "4-d layout" in refused.stderr
+    assert not (tmp_path / "no.pt2").exists()
+
+
+@pytest.mark.commands
+def test_verbose_logs_what_was_decided_and_why(programs):
+    result = strideguard("-v", "inspect", programs / "robot.pt2")
+    assert result.returncode == 1
+    logged = [line for line in result.stderr.splitlines() if line.startswith("strideguard: ")]
+    assert "strideguard: planned 3 user outputs from the graph alone" in logged
+    assert any(line.startswith("strideguard: actions: copy (strided: strides [128, 16, 1]") for line in logged), logged
+    assert "planned" not in strideguard("inspect", programs / "robot.pt2").stderr
 
 
 @pytest.mark.compiles
@@ -348,11 +431,10 @@ def test_fix_pushdown_then_verify_against_the_original(programs, tmp_path):
     lean = tmp_path / "lean.pt2"
     result = strideguard("fix", source, "-o", lean, "--pushdown")
     assert result.returncode == 0, result.stderr
-    assert "computes [0]" not in result.stdout, "the written program has nothing left to push down"
+    assert "fix --pushdown computes" not in result.stdout, "the written program has nothing left to push down"
     result = strideguard("verify", lean, "--reference", source, "--json")
     assert result.returncode == 0, result.stderr
-    [output] = json.loads(result.stdout)["outputs"]
-    measured = output["measured"]
+    [measured] = json.loads(result.stdout)["outputs"]
     assert measured["strides"] == [512, 1] and measured["in_target_layout"] is True
     assert 0 <= measured["reference_error"] <= 1e-4
 
@@ -372,19 +454,22 @@ def test_fix_exact_says_how_the_fixed_program_was_proven(programs, tmp_path):
 @pytest.mark.compiles
 @pytest.mark.commands
 def test_compile_writes_a_package_whose_outputs_come_back_dense(programs, tmp_path):
-    source = programs / "policy.pt2"
+    source = programs / "robot.pt2"
     before = digest(source)
-    package = tmp_path / "policy.compiled.pt2"
+    package = tmp_path / "robot.compiled.pt2"
     result = strideguard("compile", source, "-o", package)
     assert result.returncode == 0, result.stderr
+    assert "copied 3 outputs: actions, first_action, gripper" in result.stdout
     assert "proven in its layout" in result.stdout
     assert digest(source) == before
-    assert [p.name for p in tmp_path.iterdir()] == ["policy.compiled.pt2"], "no temporary file is left behind"
+    assert [p.name for p in tmp_path.iterdir()] == ["robot.compiled.pt2"], "no temporary file is left behind"
     program = torch.export.load(source)
     runner = torch._inductor.aoti_load_package(str(package))
     args = program.example_inputs[0]
     got, want = runner(*args), program.module()(*args)
-    assert got.stride() == (112, 14, 1) and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert sorted(got) == sorted(want) == sorted(ROBOT_KEYS)
+    assert got["actions"].stride() == (112, 14, 1) and got["gripper"].stride() == (16, 8, 1)
+    assert all(torch.allclose(got[key], want[key], rtol=1e-4, atol=1e-5) for key in ROBOT_KEYS)
     refused = strideguard("compile", source, "-o", package)
     assert refused.returncode == 2 and "--force" in refused.stderr
     assert strideguard("compile", source, "-o", source, "--force").returncode == 2

@@ -12,7 +12,7 @@ import strideguard
 from strideguard import Action, Alias, AliasKind, Reason
 from strideguard.dialect import is_involution
 from strideguard.layout import has_layout
-from strideguard.passes.insert_output_copies import copied_source
+from strideguard.program import copied_source
 from strideguard.program import output_copies
 from strideguard.verification import check_compiled
 

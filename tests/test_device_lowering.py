@@ -202,7 +202,8 @@ def test_undecided_kernels_are_each_lowered_and_copied_where_they_differ():
     assert _in_layout(lower_outputs(fixed, target=CUDA), target_dim_orders(fixed)) == []
     report = strideguard.inspect(program, exact=True, device="cuda")
     assert {names[o.index] for o in report.outputs if o.reason.value == "kernel-decides"} == undecided
-    assert "undecided" in str(report) and all("STRIDED" not in line for line in str(report).splitlines()[1:] if "kernel-decides" in line)
+    assert "the device's kernel choice decides" in str(report)
+    assert all("STRIDED" not in line for line in str(report).splitlines()[1:] if "kernel-decides" in line)
 
 
 def test_the_private_entry_points_of_the_cuda_lowering_live_in_one_module():
@@ -373,7 +374,7 @@ def test_a_backend_whose_passes_cannot_run_is_said_and_nothing_is_claimed(execut
     assert dense.proof.target == str(CUDA)
     report = strideguard.inspect(edge, backend=missing)
     assert all(o.reason.value == "backend-decides" for o in report.outputs)
-    assert "STRIDED" not in str(report) and "undecided" in str(report)
+    assert "STRIDED" not in str(report) and "the backend's passes decide" in str(report)
     assert _in_layout(lower_edge_outputs(fixed, target=CUDA), target_dim_orders(fixed)) == []
 
 

@@ -24,7 +24,7 @@ from strideguard import Action
 from strideguard.dialect import aten_op, is_view_op
 from strideguard.executorch import DenseOutputsPass, ReplaceViewCopyWithViewPass, protect_partitioner
 from strideguard.layout import dim_order_of, has_layout
-from strideguard.passes.insert_output_copies import copied_source
+from strideguard.program import copied_source
 from strideguard.program import output_copies
 from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, lower_and_run
 

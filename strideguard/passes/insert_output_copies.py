@@ -25,9 +25,10 @@ from torch.fx import Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..analysis import OutputFacts
-from ..dialect import Dialect, aten_op, copy_call, involution_call
+from ..dialect import Dialect, aten_op, copies_into, copy_call, involution_call, permute_call
 from ..fake_values import call_on_fake_values
-from ..program import COPY_TAG, copy_form_of
+from ..naming import node_stem, rename
+from ..program import COPY_TAG, LAYOUT_TAG
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
 
@@ -60,14 +61,21 @@ def copy_form_for(source_value: Any, dialect: Dialect) -> CopyForm:
     return CopyForm.CLONE
 
 
-def _new_node(graph, after: Node, target: Any, args: tuple, kwargs: dict, origin: Node, value, form: CopyForm) -> Node:
+def _new_node(
+    graph, after: Node, target: Any, args: tuple, kwargs: dict, origin: Node, value, form: CopyForm, name: Optional[str]
+) -> Node:
     with graph.inserting_after(after):
         node = graph.call_function(target, args, kwargs)
+    if name is not None:
+        rename(node, name)
     node.meta.update({key: origin.meta[key] for key in _INHERITED_META if key in origin.meta})
     node.meta["val"] = call_on_fake_values(aten_op(target), node, value)
     if "tensor_meta" in origin.meta:
         node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
-    node.meta["custom"] = {**origin.meta.get("custom", {}), COPY_TAG: form.value}
+    # A new dict (the original's is shared with the caller's program); what the user asked of the output the
+    # origin is returned as is said again on the copy that now serves it (``record_requested_layouts``).
+    inherited = {key: item for key, item in origin.meta.get("custom", {}).items() if key != LAYOUT_TAG}
+    node.meta["custom"] = {**inherited, COPY_TAG: form.value}
     return node
 
 
@@ -78,27 +86,31 @@ def insert_copy(
     dim_order: tuple[int, ...],
     value: Callable[[Node], Any],
     form: Optional[CopyForm] = None,
+    serves: Optional[str] = None,
 ) -> Node:
     """New nodes right after ``source`` copying it into ``dim_order`` in ``form`` (by default the form
-    Inductor keeps, ``copy_form_for``); returns the last, with its metadata."""
+    Inductor keeps, ``copy_form_for``); returns the last, with its metadata. ``serves``, the name of the
+    output the copy is returned as, names the nodes after it (``actions_copy``, ..., ``actions_dense``),
+    never after their ops."""
     form = form or copy_form_for(value(source), dialect)
-    target, kwargs = copy_call(dialect, dim_order)
-    last = _new_node(graph, source, target, (source,), kwargs, source, value, form)
     involution = involution_call(dialect, source.meta["val"].dtype) if form is CopyForm.KEPT else None
-    if involution is not None:
-        for _ in range(2):
-            last = _new_node(graph, last, involution, (last,), {}, source, value, form)
+    dense = [(involution, (), {})] * (2 if involution is not None else 0)
+    if copies_into(dialect, dim_order):
+        target, kwargs = copy_call(dialect, dim_order)
+        steps = [(target, (), kwargs)] + dense
+    else:
+        # An ATen program has no op copying into an order without a memory format: lay the permuted source out
+        # contiguously, then permute back, a view of that fresh buffer with exactly the strides of ``dim_order``.
+        inverse = [list(dim_order).index(dim) for dim in range(len(dim_order))]
+        target, kwargs = copy_call(dialect, tuple(range(len(dim_order))))
+        permute = permute_call(dialect)
+        steps = [(permute, (list(dim_order),), {}), (target, (), kwargs)] + dense + [(permute, (inverse,), {})]
+    stem = node_stem(serves) if serves is not None else None
+    last = source
+    for step, (op, args, op_kwargs) in enumerate(steps):
+        name = None if stem is None else f"{stem}_dense" if step == len(steps) - 1 else f"{stem}_copy"
+        last = _new_node(graph, last, op, (last, *args), op_kwargs, source, value, form, name)
     return last
-
-
-def copied_source(node: Node) -> Optional[Node]:
-    """The node an inserted copy (``COPY_TAG``) copies, walking back over all of its nodes; ``None`` when
-    ``node`` is not one."""
-    if copy_form_of(node) is None:
-        return None
-    while copy_form_of(node) is not None:
-        node = node.args[0]
-    return node
 
 
 def insert_output_copies(
@@ -113,7 +125,9 @@ def insert_output_copies(
     inserted = []
     for fact in facts:
         if fact.copied:
-            copy = insert_copy(graph, returned[fact.output.position], dialect, fact.target_order, value)
+            copy = insert_copy(
+                graph, returned[fact.output.position], dialect, fact.target_order, value, serves=fact.layout.name
+            )
             returned[fact.output.position] = copy
             inserted.append(copy)
     if inserted:

@@ -1,0 +1,99 @@
+"""The user's words for what strideguard reports: output names, source lines and the names of inserted nodes.
+
+A user knows an output by where it sits in what the method returns
+(``actions``, ``[1]``, ``cache.key_cache[0]``), not by the graph node that
+happens to produce it (``slice_1``, and after a fix ``neg_default_1``). The
+program keeps that structure in its output spec (a pytree ``TreeSpec``), and
+each node's ``stack_trace`` keeps the user's line; both survive
+``torch.export.save`` and ExecuTorch's lowering, so every report reads them
+here, by the paths torch's own ``pytree.tree_flatten_with_path`` gives.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+
+SINGLE_OUTPUT = "output"
+"""The name of the one output of a method that returns a bare tensor (its key path is empty)."""
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_FRAME = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<function>[^\n]*)\n(?P<code>[^\n]*)')
+_TORCH_DIR = torch.__file__.rsplit("/", 1)[0] + "/"
+
+
+def _key_text(key: Any, first: bool) -> str:
+    """One step of a key path as Python would write it; a string key that is an identifier reads as an
+    attribute (``cache.key_cache``), as a user names the field."""
+    if isinstance(key, pytree.MappingKey):
+        if isinstance(key.key, str) and _IDENTIFIER.match(key.key):
+            return key.key if first else f".{key.key}"
+        return f"[{key.key!r}]"
+    if isinstance(key, pytree.SequenceKey):
+        return f"[{key.idx}]"
+    if isinstance(key, pytree.GetAttrKey):
+        return key.name if first else f".{key.name}"
+    return str(key)
+
+
+def path_name(path: Sequence[Any]) -> str:
+    """A pytree key path in the user's spelling: ``actions``, ``[1]``, ``cache.key_cache[0]``."""
+    if not path:
+        return SINGLE_OUTPUT
+    return "".join(_key_text(key, first=i == 0) for i, key in enumerate(path))
+
+
+def positional_names(count: int) -> list[str]:
+    """Names for ``count`` outputs whose structure is not known (a bare graph): ``[0]``, ``[1]``, ... or, for
+    one output, ``output``."""
+    return [SINGLE_OUTPUT] if count == 1 else [f"[{i}]" for i in range(count)]
+
+
+def output_names(program: Any, count: Optional[int] = None) -> list[str]:
+    """Each user output's name, in return order, from ``program``'s output spec; positional where the program
+    keeps no spec or one that does not match its ``count`` user outputs."""
+    if count is None:
+        from .program import user_outputs
+
+        count = len(user_outputs(program.graph_signature))
+    spec = getattr(getattr(program, "call_spec", None), "out_spec", None)
+    if spec is None or spec.num_leaves != count:
+        return positional_names(count)
+    try:
+        tree = pytree.tree_unflatten(list(range(count)), spec)
+        paths = pytree.tree_flatten_with_path(tree)[0]
+    except Exception:  # a spec naming a container type this process has not registered
+        return positional_names(count)
+    names = [path_name(path) for path, _ in paths]
+    return names if len(set(names)) == count else positional_names(count)
+
+
+def source_line(node: Any) -> Optional[str]:
+    """Where in the user's code ``node`` was made, ``policy.py:17  joints[:, :6]``: the innermost frame of its
+    stack trace outside torch itself (a library model's own file counts as the user's); ``None`` without one."""
+    trace = getattr(node, "meta", {}).get("stack_trace") if node is not None else None
+    if not isinstance(trace, str):
+        return None
+    frames = list(_FRAME.finditer(trace))
+    outside = [frame for frame in frames if not frame["file"].startswith(_TORCH_DIR)] or frames
+    if not outside:
+        return None
+    frame = outside[-1]
+    return f"{frame['file'].rsplit('/', 1)[-1]}:{frame['line']}  {frame['code'].strip()}"
+
+
+def node_stem(name: str) -> str:
+    """An output's name made into the start of a node name: ``cache.key_cache[0]`` becomes
+    ``cache_key_cache_0``, ``[1]`` becomes ``output_1``."""
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")
+    if not stem or stem[0].isdigit():
+        stem = f"{SINGLE_OUTPUT}_{stem}".rstrip("_")
+    return stem
+
+
+def rename(node: torch.fx.Node, wanted: str) -> None:
+    """Give ``node`` the name ``wanted``, or the graph's next free one after it (``actions_dense_1``)."""
+    node._rename(wanted)
