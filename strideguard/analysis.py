@@ -306,5 +306,11 @@ def _verdict(compiled: CompiledLayout, base: Node, chain, shape, order) -> tuple
     return in_target, reason, explanation
 
 
-def report(facts: list[OutputFacts], dialect: Dialect, *, source: str = "analysis", device: str = "cpu") -> LayoutReport:
-    return LayoutReport(dialect=dialect.value, outputs=tuple(f.layout for f in facts), source=source, device=device)
+def report(
+    facts: list[OutputFacts], dialect: Dialect, *, source: str = "analysis", device: str = "cpu",
+    symbols: Optional[Mapping[str, str]] = None,
+) -> LayoutReport:
+    return LayoutReport(
+        dialect=dialect.value, outputs=tuple(f.layout for f in facts), source=source, device=device,
+        symbols=tuple((symbols or {}).items()),
+    )

@@ -19,6 +19,7 @@ from .lowering import ExternKernelMemory
 from .targets import Target, target_for
 from .proof import Proof, fixed_and_proven
 from .rewrite import Pushdowns, lower_as_compiled, program_plan, transformed
+from .naming import symbol_meanings
 from .quiet import quietly
 from .user_layouts import resolve_layouts
 
@@ -93,7 +94,10 @@ def inspect(
     The report says which device it is for (``LayoutReport.device``).
     """
     facts, target = _inspected(program, policy, exact, backend, device)
-    return report(facts, dialect_of(program), source="lowering" if exact else "analysis", device=str(target))
+    return report(
+        facts, dialect_of(program), source="lowering" if exact else "analysis", device=str(target),
+        symbols=symbol_meanings(program),
+    )
 
 
 def _backend(program: ExportedProgram, backend: Any, function: str) -> Optional[Backend]:

@@ -212,6 +212,8 @@ def _print_layout(console: Console, title: str, report: LayoutReport, wide: bool
         if output.cause or output.source_line:
             made = f" (at {literal(output.source_line)})" if output.source_line else ""
             console.print(f"  {literal(output.name)}: {literal(output.cause or '-')}{made}")
+    for symbol, meaning in report.symbols:
+        console.print(f"  {literal(symbol)}: {literal(meaning)}")
     for output in report.copies_needed if shown != BLOCKS else ():  # the blocks say why in each output's own
         console.print(
             f"  fix copies {literal(output.name)} into dim order {list(output.target_dim_order)}: "

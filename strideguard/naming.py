@@ -97,3 +97,31 @@ def node_stem(name: str) -> str:
 def rename(node: torch.fx.Node, wanted: str) -> None:
     """Give ``node`` the name ``wanted``, or the graph's next free one after it (``actions_dense_1``)."""
     node._rename(wanted)
+
+
+def symbol_meanings(program: Any) -> dict[str, str]:
+    """What each symbolic size of ``program`` stands for, in the user's terms: ``{"s77": "x.size(0), 2 to 64"}``.
+
+    ``torch.export`` does not keep a ``Dim``'s name in the program (not in memory, not in a ``.pt2``), so a
+    size is named by the first user input dimension it is (``x.size(0)``), with the range the program admits.
+    """
+    from torch.utils._sympy.numbers import int_oo
+
+    user_inputs = set(program.graph_signature.user_inputs)
+    ranges = {str(symbol): bounds for symbol, bounds in program.range_constraints.items()}
+    meanings: dict[str, str] = {}
+    for node in program.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if node.name not in user_inputs or not isinstance(value, torch.Tensor):
+            continue
+        for dim, size in enumerate(value.shape):
+            symbol = str(size.node.expr) if isinstance(size, torch.SymInt) else None
+            if symbol is None or symbol in meanings or not re.fullmatch(r"[a-z]+\d+", symbol):
+                continue
+            bounds = ranges.get(symbol)
+            span = ""
+            if bounds is not None:
+                upper = "" if bounds.upper in (int_oo, float("inf")) else f" to {bounds.upper}"
+                span = f", {bounds.lower}{upper}" if upper else f", {bounds.lower} or more"
+            meanings[symbol] = f"{node.name}.size({dim}){span}"
+    return meanings

@@ -237,6 +237,9 @@ class LayoutReport:
     device: str = "cpu"
     """The device the layouts are for (``strideguard.targets.Target`` in words: kind, compute capability
     assumed, and whether the device was here or the lowering ran on fake tensors)."""
+    symbols: tuple[tuple[str, str], ...] = ()
+    """What each symbolic size in the shapes and strides stands for, ``("s77", "x.size(0), 2 to 64")``
+    (``naming.symbol_meanings``)."""
 
     @property
     def ok(self) -> bool:
@@ -252,6 +255,7 @@ class LayoutReport:
             "dialect": self.dialect,
             "source": self.source,
             "device": self.device,
+            "symbols": dict(self.symbols),
             "outputs": [o.to_dict() for o in self.outputs],
         }
 
@@ -275,6 +279,7 @@ class LayoutReport:
                 lines.append(f"      at {o.source_line}")
             if o.pushdown:
                 lines.append(f"      with pushdown: {o.pushdown}{_saving(o.flops_saved)}")
+        lines += [f"  {symbol}: {meaning}" for symbol, meaning in self.symbols]
         return "\n".join(lines)
 
 

@@ -66,6 +66,22 @@ def test_a_program_without_a_matching_output_spec_is_named_by_position():
     assert output_names(SimpleNamespace(call_spec=SimpleNamespace(out_spec=None)), 1) == ["output"]
 
 
+def test_symbolic_sizes_say_which_input_dimension_they_are_and_their_range(tmp_path):
+    class Dynamic(nn.Module):
+        def forward(self, x, y):
+            return (x * 2)[:, :3], y.t()
+
+    batch, n = torch.export.Dim("batch", min=2, max=64), torch.export.Dim("n", min=2)
+    program = torch.export.export(Dynamic(), (torch.randn(4, 8), torch.randn(5, 3)), dynamic_shapes=({0: batch}, {0: n}))
+    report = strideguard.inspect(program)
+    symbols = dict(report.symbols)
+    first, second = report.outputs[0].shape[0], report.outputs[1].shape[1]
+    assert symbols == {first: "x.size(0), 2 to 64", second: "y.size(0), 2 or more"}
+    assert report.to_dict()["symbols"] == symbols and f"  {first}: x.size(0), 2 to 64" in str(report)
+    torch.export.save(program, tmp_path / "dynamic.pt2")
+    assert dict(strideguard.inspect(torch.export.load(tmp_path / "dynamic.pt2")).symbols) == symbols
+
+
 def test_the_source_line_is_the_users_not_torchs():
     program = export_robot_policy()
     linear = next(n for n in program.graph.nodes if n.name == "linear")
