@@ -326,7 +326,7 @@ def fix(
         save_program(fixed, output, input_path=program, overwrite=force)
     console = _stdout()
     console.print(f"wrote {literal(output)} (prepared for {platform.value}; {literal(program)} unchanged)")
-    console.print(_copied_line([o.name for o in report.outputs if o.copy_of is not None]))
+    _print_copied(console, [(o.name, o.source_line) for o in report.outputs if o.copy_of is not None])
     if exact:
         console.print(literal(_proven(fixed.graph_module.meta[PROOF_KEY])))
     _print_layout(console, f"{output}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report, wide)
@@ -347,10 +347,16 @@ def _layouts(requests: Optional[list[str]]) -> Optional[dict]:
     return layouts
 
 
-def _copied_line(names: list[str]) -> str:
-    if not names:
-        return "copied no output"
-    return f"copied {len(names)} output{'s' if len(names) != 1 else ''}: " + ", ".join(literal(name) for name in names)
+def _print_copied(console: Console, copied: list[tuple[str, Optional[str]]]) -> None:
+    """The outputs a fix copied, by name, then each with the user's line that made it."""
+    if not copied:
+        console.print("copied no output")
+        return
+    names = ", ".join(literal(name) for name, _ in copied)
+    console.print(f"copied {len(copied)} output{'s' if len(copied) != 1 else ''}: {names}")
+    for name, line in copied:
+        if line:
+            console.print(f"  {literal(name)}: made at {literal(line)}")
 
 
 def _proven(proof: Proof) -> str:
@@ -403,7 +409,7 @@ def compile_command(
                 write_output(output, lambda file: shutil.copyfileobj(compiled, file), input_path=program, overwrite=force)
     console = _stdout()
     console.print(f"wrote {literal(output)} (an AOTInductor package; {literal(program)} unchanged)")
-    console.print(_copied_line(proof.named(proof.copied)))
+    _print_copied(console, [(proof.names[i], proof.source_lines[i] if i < len(proof.source_lines) else None) for i in proof.copied])
     console.print(literal(_proven(proof)))
     raise typer.Exit(0)
 

@@ -29,7 +29,7 @@ from . import layout
 from .dialect import dialect_of, kept_outputs, target_dim_orders
 from .lowering import Lowering, LoweredOutput
 from .targets import LoweringUnavailable
-from .naming import output_names
+from .naming import output_names, source_line
 from .passes.insert_output_copies import CopyForm, insert_copy
 from .passes.record_requested_layouts import record_requested_layouts
 from .program import copied_source, copy_form_of, copy_graph, output_values, rebuild, requested_layouts, user_outputs
@@ -68,6 +68,8 @@ class Proof:
     ``copied`` say in the user's words (``named``)."""
     copied: tuple[int, ...] = ()
     """The user outputs the proven program returns a copy of strideguard's for."""
+    source_lines: tuple[Optional[str], ...] = ()
+    """Every user output's source line (``naming.source_line``), by index."""
 
     def named(self, indices) -> list[str]:
         """``indices`` as the user's output names."""
@@ -129,7 +131,7 @@ def prove_layouts(
                 )
             proof = Proof(
                 round_number, lowered_seconds, tuple(strengthened), lowering.backend, unproven, str(lowering.target), why,
-                tuple(output_names(fixed)), _copied_outputs(fixed),
+                tuple(output_names(fixed)), _copied_outputs(fixed), _source_lines(fixed),
             )
             fixed.graph_module.meta[PROOF_KEY] = proof
             return fixed, proof
@@ -189,7 +191,7 @@ def _copied_unproven(program: ExportedProgram, policy: ConversionPolicy, why: st
     )
     proof = Proof(
         0, 0.0, (), getattr(backend, "name", None), tensors, str(target or "cpu"), why,
-        tuple(output_names(fixed)), _copied_outputs(fixed),
+        tuple(output_names(fixed)), _copied_outputs(fixed), _source_lines(fixed),
     )
     fixed.graph_module.meta[PROOF_KEY] = proof
     return fixed, changed, proof
@@ -200,6 +202,11 @@ def _copied_outputs(program: ExportedProgram) -> tuple[int, ...]:
     return tuple(
         out.index for out in user_outputs(program.graph_signature) if copy_form_of(returned[out.position]) is not None
     )
+
+
+def _source_lines(program: ExportedProgram) -> tuple[Optional[str], ...]:
+    returned = output_values(program.graph)
+    return tuple(source_line(returned[out.position]) for out in user_outputs(program.graph_signature))
 
 
 def _unproven(lowering: Lowering, keeps_kernel_memory: bool) -> tuple[tuple[int, ...], Optional[str]]:

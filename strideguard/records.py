@@ -205,7 +205,7 @@ class OutputLayout:
             "fix": "copy" if self.action is Action.COPY else "-",
             "aliases": ", ".join(map(str, self.aliases)) or "-",
             "cause": self.cause or "-",
-            "source": _shortened(self.source_line) if self.source_line else "-",
+            "source": shortened(self.source_line) if self.source_line else "-",
         }
 
 
@@ -213,7 +213,8 @@ SOURCE_SHOWN = 40
 """Characters of a source line's code a table cell shows (the record and the JSON keep it whole)."""
 
 
-def _shortened(source: str) -> str:
+def shortened(source: str) -> str:
+    """A source line with its code cut to ``SOURCE_SHOWN`` characters, for a table cell."""
     where, _, code = source.partition("  ")
     return f"{where}  {code[:SOURCE_SHOWN - 1]}…" if len(code) > SOURCE_SHOWN else source
 
@@ -320,6 +321,8 @@ class OutputCheck:
     """The graph node returned there (``name`` is the user's: its path in what the method returns)."""
     kept: bool = False
     """The user asked for it as the compiler lays it out (``layouts={name: "keep"}``): any layout is right."""
+    source_line: Optional[str] = None
+    """The user's source line that made it, as in ``OutputLayout``."""
 
     @property
     def ok(self) -> bool:

@@ -19,12 +19,14 @@ from rich.table import Table
 from rich.text import Text
 
 from .loading.errors import one_line
-from .records import CELLS, LayoutReport, OutputCheck, OutputLayout, VerifyReport
+from .records import CELLS, LayoutReport, OutputCheck, OutputLayout, VerifyReport, shortened
 
 LAYOUT_NARROW = ("#", "name", "shape", "dtype", "strides", "layout", "fix")
 """The columns of ``inspect``'s table that a narrower terminal still gets (``CELLS`` is the whole row)."""
 
-VERIFY_COLUMNS = ("#", "name", "shape", "strides returned", "offset", "layout", "max |err|", "equal", "as predicted", "aliases")
+VERIFY_COLUMNS = (
+    "#", "name", "shape", "strides returned", "offset", "layout", "max |err|", "equal", "as predicted", "aliases", "source",
+)
 VERIFY_NARROW = ("#", "name", "strides returned", "layout", "equal")
 
 
@@ -59,6 +61,7 @@ def _check_cells(check: OutputCheck, referenced: bool) -> dict[str, str]:
         "equal": "yes" if check.match else "[red]no[/]",
         "as predicted": _as_predicted(check),
         "aliases": literal(", ".join(map(str, check.aliases))) if check.aliases else "-",
+        "source": literal(shortened(check.source_line)) if check.source_line else "-",
     }
     if referenced:
         cells["|err| vs reference"] = f"{check.reference_error:g}" if check.reference_error is not None else "-"

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from . import layout
 from .api import inspect
 from .dialect import dialect_of, kept_outputs, target_dim_orders
-from .naming import output_names
+from .naming import output_names, source_line
 from .lowering import lower_outputs
 from .program import output_values, require_exported_program, user_outputs, was_pushed_down
 from .isolation import DEFAULT_SECONDS, Limits, run_isolated
@@ -355,9 +355,12 @@ def _check_outputs(
 
     output_name = output_names(program, len(specs))
     kept = kept_outputs(program)
+    returned = output_values(program.graph)
+    lines = [source_line(returned[out.position]) for out in specs]
     return tuple(
         _check_one(
             out, value, reference, input_storages, output_storages, name=output_name[out.index], kept=out.index in kept,
+            line=lines[out.index],
             target_order=expected.target_orders[out.index] if out.index < len(expected.target_orders) else None,
             predicted=at(expected.predicted, out.index),
             lowered=at(expected.lowered, out.index),
@@ -374,7 +377,7 @@ _NON_TENSOR_KINDS = {type(None): OutputKind.NONE, bool: OutputKind.BOOL, int: Ou
 
 def _check_one(
     out, value, reference, input_storages, output_storages, *, target_order, predicted, lowered, name=None,
-    tolerance: Optional[tuple[float, float]] = None, kept: bool = False,
+    tolerance: Optional[tuple[float, float]] = None, kept: bool = False, line: Optional[str] = None,
 ) -> OutputCheck:
     """One output measured. ``tolerance`` is the ``(rtol, atol)`` its floating values must equal eager's within
     (``None``: exactly); an integer or ``bool`` output is compared exactly whatever it is. ``kept``: the user
@@ -386,7 +389,7 @@ def _check_one(
         kind = _NON_TENSOR_KINDS.get(type(reference), OutputKind.OTHER)
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
-        return OutputCheck(index=out.index, name=name, kind=kind, match=value == reference, node=node)
+        return OutputCheck(index=out.index, name=name, kind=kind, match=value == reference, node=node, source_line=line)
     shape, strides = tuple(value.shape), tuple(value.stride())
     aliases = []
     if value.numel():
@@ -424,6 +427,7 @@ def _check_one(
         lowered_strides=lowered,
         node=node,
         kept=kept,
+        source_line=line,
     )
 
 

@@ -337,6 +337,7 @@ def test_verify_proves_the_fixed_program_and_names_each_output_by_its_key(progra
     assert report["ok"] is True and report["device"] == "cpu" and report["compile_seconds"] > 0
     assert [measured["name"] for measured in report["outputs"]] == ROBOT_KEYS
     assert [measured["node"] for measured in report["outputs"]] == [f"{key}_dense" for key in ROBOT_KEYS]
+    assert all(measured["source_line"].startswith("examples.py:") for measured in report["outputs"])
     actions = report["outputs"][0]
     assert actions["strides"] == [112, 14, 1] and actions["storage_offset"] == 0
     assert actions["contiguous"] is True and actions["match"] is True and actions["verdict"] == "in layout"
@@ -357,6 +358,7 @@ def test_a_dict_policy_is_named_by_its_keys_with_its_source_lines_before_and_aft
     result = strideguard("fix", source, "-o", fixed)
     assert result.returncode == 0, result.stderr
     assert "copied 3 outputs: actions, first_action, gripper" in result.stdout
+    assert "gripper: made at examples.py:" in result.stdout
     after = json.loads(strideguard("inspect", fixed, "--json").stdout)
     assert [output["name"] for output in after["outputs"]] == ROBOT_KEYS
     assert [output["source_line"] for output in after["outputs"]] == [output["source_line"] for output in before["outputs"]]
@@ -460,6 +462,7 @@ def test_compile_writes_a_package_whose_outputs_come_back_dense(programs, tmp_pa
     result = strideguard("compile", source, "-o", package)
     assert result.returncode == 0, result.stderr
     assert "copied 3 outputs: actions, first_action, gripper" in result.stdout
+    assert "actions: made at examples.py:" in result.stdout and "joints = sample[..., : self.joints]" in result.stdout
     assert "proven in its layout" in result.stdout
     assert digest(source) == before
     assert [p.name for p in tmp_path.iterdir()] == ["robot.compiled.pt2"], "no temporary file is left behind"
