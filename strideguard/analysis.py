@@ -298,7 +298,7 @@ def _verdict(compiled: CompiledLayout, base: Node, chain, shape, order) -> tuple
         or in_target is not True
         or any(layout.has_layout(shape, other, order) is not True for other in compiled.alternatives)
     ):
-        return None, Reason.INDUCTOR_DECIDES, f"{compiled.why}; copied, and inspect(exact=True) asks Inductor"
+        return None, Reason.INDUCTOR_DECIDES, f"{compiled.why}; copied, and exact=True (--exact on the command line) asks Inductor"
     if isinstance(compiled, LeftToInductor):
         explanation += ", whether Inductor returns it as a view or computes it afresh in its order"
     elif compiled.note is not None:
