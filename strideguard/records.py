@@ -32,6 +32,13 @@ class Alias:
     def __str__(self) -> str:
         return f"{self.kind.value} {self.name}"
 
+    def said(self, output_names: Sequence[str] = ()) -> str:
+        """As a report shows it: another output by its name (``output first_action``) where ``output_names``
+        has it; the JSON keeps ``str(alias)``, by index."""
+        if self.kind is AliasKind.OUTPUT and isinstance(self.name, int) and 0 <= self.name < len(output_names):
+            return f"output {output_names[self.name]}"
+        return str(self)
+
 
 def memory_group_peer(group: Sequence[int], index: int) -> list[int]:
     """The one other output an output's ``aliases`` names among those sharing its memory (``group``, in
@@ -191,9 +198,9 @@ class OutputLayout:
         data["verdict"] = self.verdict
         return data
 
-    def cells(self) -> dict[str, str]:
+    def cells(self, output_names: Sequence[str] = ()) -> dict[str, str]:
         """The output as the command line, the demo and ``str(report)`` show it: one rendering, by column
-        (``CELLS``)."""
+        (``CELLS``); ``output_names``, the report's, name the other outputs it shares memory with."""
         tensor = self.kind is OutputKind.TENSOR
         return {
             "#": str(self.index),
@@ -203,7 +210,7 @@ class OutputLayout:
             "strides": str(list(self.strides)) if tensor else "-",
             "layout": self.verdict,
             "fix": "copy" if self.action is Action.COPY else "-",
-            "aliases": ", ".join(map(str, self.aliases)) or "-",
+            "aliases": ", ".join(alias.said(output_names) for alias in self.aliases) or "-",
             "cause": self.cause or "-",
             "source": shortened(self.source_line) if self.source_line else "-",
         }
@@ -265,8 +272,9 @@ class LayoutReport:
 
     def __str__(self) -> str:
         lines = [f"{'ok' if self.ok else 'NOT OK'}: {len(self.outputs)} user outputs ({self.dialect}, for {self.device})"]
+        names = [o.name or str(o.index) for o in self.outputs]
         for o in self.outputs:
-            c = o.cells()
+            c = o.cells(names)
             if o.kind is not OutputKind.TENSOR:
                 lines.append(f"  [{c['#']}] {c['name']}: {c['dtype']}")
                 continue
@@ -396,21 +404,22 @@ class VerifyReport:
 
     def __str__(self) -> str:
         lines = [f"{'ok' if self.ok else 'NOT OK'}: compiled in {self.compile_seconds:.1f} s on {self.device}"]
-        lines += _check_lines(self.outputs)
+        names = [o.name or str(o.index) for o in self.outputs]
+        lines += _check_lines(self.outputs, names)
         for label, checks in self.runs:
             failed = [o.name or str(o.index) for o in checks if not o.ok]
             lines.append(f"  on {label}: " + (f"NOT OK: {', '.join(failed)}" if failed else f"all {len(checks)} ok"))
-            lines += ["  " + line for line in _check_lines(checks) if failed]
+            lines += ["  " + line for line in _check_lines(checks, names) if failed]
         return "\n".join(lines)
 
 
-def _check_lines(checks: Sequence[OutputCheck]) -> list[str]:
+def _check_lines(checks: Sequence[OutputCheck], names: Sequence[str] = ()) -> list[str]:
     lines = []
     for o in checks:
         if o.kind != "tensor":
             lines.append(f"  [{o.index}] {o.name or o.kind}: {o.kind}, {'match' if o.match else 'MISMATCH'}")
             continue
-        alias = f", aliases {', '.join(map(str, o.aliases))}" if o.aliases else ""
+        alias = f", aliases {', '.join(a.said(names) for a in o.aliases)}" if o.aliases else ""
         predicted = "" if o.as_predicted is not False else (
             f", PREDICTED {list(o.predicted_strides or ())} LOWERED {list(o.lowered_strides or ())}"
         )

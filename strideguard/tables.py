@@ -40,15 +40,15 @@ def literal(text: object) -> str:
 _COLOURED = {"copy": "[yellow]copy[/]", "no": "[red]no[/]", "unknown": "[yellow]unknown[/]"}
 
 
-def _layout_cells(output: OutputLayout) -> dict[str, str]:
-    cells = {column: _COLOURED.get(value, literal(value)) for column, value in output.cells().items()}
+def _layout_cells(output: OutputLayout, names: Sequence[str]) -> dict[str, str]:
+    cells = {column: _COLOURED.get(value, literal(value)) for column, value in output.cells(names).items()}
     colour = "green" if output.ok else "yellow" if output.in_target_layout is None else "red"
     cells["#"] = f"[{'green' if output.ok else 'red'}]{cells['#']}[/]"
     cells["layout"] = f"[{colour}]{cells['layout']}[/]"
     return cells
 
 
-def _check_cells(check: OutputCheck, referenced: bool) -> dict[str, str]:
+def _check_cells(check: OutputCheck, referenced: bool, names: Sequence[str]) -> dict[str, str]:
     tensor = check.kind == "tensor"
     cells = {
         "#": f"[{'green' if check.ok else 'red'}]{check.index}[/]",
@@ -60,7 +60,7 @@ def _check_cells(check: OutputCheck, referenced: bool) -> dict[str, str]:
         "max |err|": f"{check.max_abs_error:g}" if check.max_abs_error is not None else "-",
         "equal": "yes" if check.match else "[red]no[/]",
         "as predicted": _as_predicted(check),
-        "aliases": literal(", ".join(map(str, check.aliases))) if check.aliases else "-",
+        "aliases": literal(", ".join(alias.said(names) for alias in check.aliases)) if check.aliases else "-",
         "source": literal(shortened(check.source_line)) if check.source_line else "-",
     }
     if referenced:
@@ -148,8 +148,9 @@ def layout_shapes(title: str, report: LayoutReport) -> list[RenderableType]:
         if report.source == "lowering"
         else "strides read off the graph; where Inductor decides, fix copies and --exact asks Inductor"
     )
+    names = [output.name or str(output.index) for output in report.outputs]
     rows = [
-        {**_layout_cells(output), "why": literal(output.explanation) if output.action.value == "copy" else "-"}
+        {**_layout_cells(output, names), "why": literal(output.explanation) if output.action.value == "copy" else "-"}
         for output in report.outputs
     ]
     head = lambda row: f"{row['#']} [bold]{row['name']}[/]  {row['shape']} {row['dtype']}  strides {row['strides']}"
@@ -164,7 +165,8 @@ def verify_shapes(title: str, measured: VerifyReport) -> list[RenderableType]:
     """``verify``'s measurements as the whole table, the narrower one, and blocks."""
     referenced = any(check.reference_error is not None for check in measured.all_checks)
     columns = VERIFY_COLUMNS + (("|err| vs reference",) if referenced else ())
-    rows = [_check_cells(check, referenced) for check in measured.outputs]
+    names = [check.name or str(check.index) for check in measured.outputs]
+    rows = [_check_cells(check, referenced, names) for check in measured.outputs]
     head = lambda row: f"{row['#']} [bold]{row['name']}[/]  {row['shape']}  strides {row['strides returned']}"
     return [
         _table(literal(title), None, columns, rows),

@@ -163,7 +163,8 @@ def test_inspect_exact_asks_inductor_what_the_graph_leaves_open(programs):
     assert fast["source"] == "analysis" and exact["source"] == "lowering"
     [undecided], [decided] = fast["outputs"], exact["outputs"]
     assert undecided["in_target_layout"] is None and undecided["action"] == "copy"
-    assert undecided["reason"] == "inductor-decides" and "inspect(exact=True)" in undecided["explanation"]
+    assert undecided["reason"] == "inductor-decides" and "--exact on the command line" in undecided["explanation"]
+    assert undecided["verdict"] == "Inductor decides"
     assert decided["in_target_layout"] is False and decided["strides"] == [8, 1]
     assert decided["reason"] == "strided" and "Inductor's lowering returns strides [8, 1]" in decided["explanation"]
 

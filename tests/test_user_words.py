@@ -96,6 +96,8 @@ def test_a_fix_keeps_each_name_says_what_it_copied_and_names_its_nodes_after_the
     fixed = strideguard.densify_outputs(program)
     before, after = strideguard.inspect(program), strideguard.inspect(fixed)
     assert [o.name for o in before.outputs] == [o.name for o in after.outputs] == KEYS
+    assert "aliases output first_action" in str(before), "another output is named by its name, not its index"
+    assert before.outputs[0].to_dict()["aliases"] == ["output 1"], "the JSON keeps the index"
     assert [o.source_line for o in before.outputs] == [o.source_line for o in after.outputs]
     assert [o.copy_of for o in after.outputs] == [o.cause for o in before.outputs]
     assert all(o.cause == f"copied: {o.copy_of}" for o in after.outputs)
