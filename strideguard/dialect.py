@@ -194,7 +194,7 @@ def copy_call(dialect: Dialect, dim_order: tuple[int, ...]) -> tuple[Any, dict[s
 
 def copies_into(dialect: Dialect, dim_order: tuple[int, ...]) -> bool:
     """Whether ``copy_call`` has an op copying into ``dim_order`` (dim-order mode: any order; otherwise one with a
-    ``torch.memory_format``). ATen copies into any other order through a permutation (``permuted_copy_steps``)."""
+    ``torch.memory_format``). ATen copies into any other order through a permutation (``insert_copy``)."""
     if dialect is Dialect.EDGE_DIM_ORDER:
         return True
     try:

@@ -125,14 +125,14 @@ def prove_layouts(
         wrong = _out_of_layout(fixed, lowering)
         if not wrong:
             unproven, why = _unproven(lowering, keeps_kernel_memory)
-            if unproven:
-                logger.warning(
-                    "strideguard: outputs %s are not proven in their layout: %s", ", ".join(output_names(fixed)[i] for i in unproven), why
-                )
             proof = Proof(
                 round_number, lowered_seconds, tuple(strengthened), lowering.backend, unproven, str(lowering.target), why,
                 tuple(output_names(fixed)), _copied_outputs(fixed), _source_lines(fixed),
             )
+            if unproven:
+                logger.warning(
+                    "strideguard: outputs %s are not proven in their layout: %s", ", ".join(proof.named(unproven)), why
+                )
             fixed.graph_module.meta[PROOF_KEY] = proof
             return fixed, proof
         unreachable = [
@@ -185,13 +185,12 @@ def _copied_unproven(program: ExportedProgram, policy: ConversionPolicy, why: st
     )
     target = options.get("target")
     backend = options.get("backend")
-    names = output_names(fixed)
-    logger.warning(
-        "strideguard: outputs %s are copied but not proven in their layout: %s", ", ".join(names[i] for i in tensors), why
-    )
     proof = Proof(
         0, 0.0, (), getattr(backend, "name", None), tensors, str(target or "cpu"), why,
         tuple(output_names(fixed)), _copied_outputs(fixed), _source_lines(fixed),
+    )
+    logger.warning(
+        "strideguard: outputs %s are copied but not proven in their layout: %s", ", ".join(proof.named(tensors)), why
     )
     fixed.graph_module.meta[PROOF_KEY] = proof
     return fixed, changed, proof

@@ -12,6 +12,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import layout
 from .analysis import OutputFacts, judged_layout
+from .dialect import promised_dim_order
+from .program import KEEP
 from .fake_values import storage_key
 from .records import Action, Alias, AliasKind, Reason
 
@@ -140,9 +142,6 @@ def as_asked(facts: list[OutputFacts], requested: Mapping[int, Any], edge: bool)
     left as the compiler lays it out, never copied, and reported so; in an Edge program, an output asked in
     another dim order than the program promises is copied into it, which makes the program promise it
     (ExecuTorch's runtime holds the output to the promise)."""
-    from .dialect import promised_dim_order
-    from .program import KEEP
-
     revised = []
     for fact in facts:
         wanted = requested.get(fact.layout.index)
