@@ -178,10 +178,10 @@ class OutputAnalysis:
         copied = copied_source(node)
         copy_of = self._described(*self._view_chain(copied)) if copied is not None else None
         cause = None
-        if chain:
-            cause = self._described(chain, base)
-        elif copy_of is not None:
+        if copy_of is not None:  # strideguard's own copy, even one that ends in a permutation (a view)
             cause = f"copied: {copy_of}"
+        elif chain:
+            cause = self._described(chain, base)
         elif in_target is not True:
             cause = f"produced with strides {list(layout.format_strides(strides))} by {self._source_name(base)}"
 
