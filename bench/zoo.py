@@ -14,6 +14,11 @@ with the closed loop (``exact=True``) on both paths, compiled, run and held to
 their layouts and to ``verify``'s bfloat16 tolerance against eager
 (``--no-low-precision`` skips it). Writes bench/results/zoo.json and
 bench/results/zoo.md (``--output`` names them otherwise).
+
+``--cuda`` runs no compile: each unfixed program is lowered by Inductor for the
+CPU and for CUDA (fake tensors, sm90, no GPU needed), the outputs where the two
+differ are listed, and the program fixed with ``exact=True, device="cuda"`` is
+held to the CUDA lowering's proof (bench/results/zoo-cuda.json and .md).
 """
 
 from __future__ import annotations
@@ -43,9 +48,13 @@ def main() -> int:
     parser.add_argument("--output", default="zoo", help="results file name under bench/results (without suffix)")
     parser.add_argument("--no-low-precision", dest="low_precision", action="store_false",
                         help="skip the bfloat16 models fixed with the closed loop")
+    parser.add_argument("--cuda", action="store_true",
+                        help="compare the CPU and CUDA lowerings of every unfixed program, and prove the CUDA fix")
     arguments = parser.parse_args()
     names = arguments.models.split(",") if arguments.models else [m.name for m in zoo.MODELS]
     models = [m for m in zoo.MODELS if m.name in names]
+    if arguments.cuda:
+        return cuda_comparison(models, arguments.paths, "zoo-cuda" if arguments.output == "zoo" else arguments.output)
     rows, failures = [], []
     with tempfile.TemporaryDirectory(prefix="strideguard-zoo-") as directory:
         for model in models:
@@ -81,6 +90,29 @@ def main() -> int:
     (RESULTS / f"{arguments.output}.json").write_text(
         json.dumps({"models": rows, "pushdown": pushdown_rows, "low_precision": proven_rows}, indent=1) + "\n")
     (RESULTS / f"{arguments.output}.md").write_text(tables)
+    print(tables)
+    if failures:
+        print("NOT OK:", ", ".join(failures))
+    return 1 if failures else 0
+
+
+def cuda_comparison(models: list, paths: str, output: str) -> int:
+    """Each model on each path: where the CPU and CUDA lowerings of the unfixed program differ, and whether the
+    program fixed for CUDA is proven in layout by the CUDA lowering."""
+    failures: list[str] = []
+    rows = judged_rows(models, paths, "cuda", lambda model, path: zoo.judge_cuda(model, path, compare=True), failures)
+    lines = [
+        "| model | path | outputs where the CPU and CUDA lowerings differ (index: CPU, CUDA strides) "
+        "| out of layout after the CUDA fix | seconds |",
+        "| --- | --- | --- | ---: | ---: |",
+    ]
+    for row in rows:
+        differs = "; ".join(f"{i}: {cpu}, {gpu}" for i, cpu, gpu in row["differs"]) or "none"
+        lines.append(f"| {row['model']} | {row['path']} | {differs} | {len(row['after'])} | {row['seconds']} |")
+    tables = "\n".join(lines) + "\n"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{output}.json").write_text(json.dumps({"models": rows}, indent=1) + "\n")
+    (RESULTS / f"{output}.md").write_text(tables)
     print(tables)
     if failures:
         print("NOT OK:", ", ".join(failures))

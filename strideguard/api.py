@@ -274,8 +274,13 @@ def compile_proven(
     inductor_configs: Optional[dict] = None,
     *,
     layouts: Optional[dict] = None,
+    device: Any = None,
 ) -> tuple[str, Proof]:
-    """``aoti_compile_and_package``'s work, returning the package's path and how its layouts were proven."""
+    """``aoti_compile_and_package``'s work, returning the package's path and how its layouts were proven.
+
+    ``device`` names the device compiled for (as ``densify_outputs`` takes it); AOTInductor compiles natively,
+    for the device of the program's tensors, on a machine that has it, so any other device is refused before
+    any work: prove the fix for it with ``densify_outputs(exact=True, device=...)`` and compile there."""
     configs = dict(inductor_configs or {})
     user_pass = configs.get("_pre_fusion_custom_pass")
     if user_pass is not None:
@@ -285,7 +290,21 @@ def compile_proven(
         )
     configs["_pre_fusion_custom_pass"] = ExternKernelMemory()
 
-    target = target_for(program, None, None, "aoti_compile_and_package")
+    compiled_for = target_for(program, None, None, "aoti_compile_and_package")
+    target = compiled_for if device is None else target_for(program, device, None, "aoti_compile_and_package")
+    if target.kind != compiled_for.kind:
+        raise ValueError(
+            f"strideguard.aoti_compile_and_package: the program's tensors are on {compiled_for.kind}, so "
+            f"AOTInductor compiles it for {compiled_for.kind}, not {target.kind} (it compiles natively, not across "
+            f"devices): export it on {target.kind}, or prove the fix here with "
+            f"densify_outputs(program, exact=True, device={device!r}) and compile the fixed program there"
+        )
+    if not target.present:
+        raise ValueError(
+            f"strideguard.aoti_compile_and_package: compiling for {target.kind} needs a {target.kind} device on this "
+            f"machine (AOTInductor compiles natively); prove the fix here with "
+            f"densify_outputs(program, exact=True, device={target.kind!r}) and compile the fixed program there"
+        )
 
     def lower(candidate: ExportedProgram):
         return lower_as_compiled(candidate, inductor_configs=inductor_configs, target=target)

@@ -134,6 +134,17 @@ TargetDevice = Annotated[
     ),
 ]
 
+CompileDevice = Annotated[
+    Optional[str],
+    typer.Option(
+        "--device",
+        help="The device to compile for: cpu, cuda, cuda:sm87, ... It must be the device of the program's tensors, "
+        "on this machine (AOTInductor compiles natively); elsewhere, use fix --exact --device. "
+        "Default: the device of the program's tensors.",
+        show_default=False,
+    ),
+]
+
 
 @contextlib.contextmanager
 def _running(action: str, debug: bool, json_output: bool = False) -> Iterator[None]:
@@ -395,6 +406,7 @@ def compile_command(
     ],
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.", metavar="")] = False,
     layout: LayoutOption = None,
+    device: CompileDevice = None,
     debug: Debug = False,
 ) -> None:
     """Fix PROGRAM, prove every output dense by Inductor's lowering of the fixed program, and compile it with
@@ -404,7 +416,9 @@ def compile_command(
         loaded = load_program(program)
         with tempfile.TemporaryDirectory(prefix="strideguard-compile-") as directory:
             with _spinner(f"proving and compiling {program.name} with AOTInductor"):
-                package, proof = compile_proven(loaded, os.path.join(directory, "package.pt2"), layouts=_layouts(layout))
+                package, proof = compile_proven(
+                    loaded, os.path.join(directory, "package.pt2"), layouts=_layouts(layout), device=device
+                )
             with open(package, "rb") as compiled:
                 write_output(output, lambda file: shutil.copyfileobj(compiled, file), input_path=program, overwrite=force)
     console = _stdout()

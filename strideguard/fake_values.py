@@ -62,6 +62,19 @@ def _on_base_storage(result: Any, base: torch.Tensor) -> Any:
     return base.as_strided(result.shape, result.stride(), result.storage_offset())
 
 
+def fresh_like(value: torch.Tensor) -> torch.Tensor:
+    """A new fake tensor with ``value``'s shape, strides, offset, dtype and device, in memory of its own: what
+    an elementwise op on a dense tensor gives, without a dispatch (a third of a copy's cost when three were
+    dispatched). Static sizes only build it directly; anything else is dispatched."""
+    fake_mode = detect_fake_mode([value])
+    geometry = (*value.shape, *value.stride(), value.storage_offset())
+    if fake_mode is None or not all(type(v) is int for v in geometry):
+        with fake_mode or contextlib.nullcontext():
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, value.device)
+
+
 def storage_key(value: Any) -> Optional[int]:
     """Identity of the memory behind a fake or real tensor (of the first, for a list of views).
 

@@ -97,8 +97,11 @@ def decomposed(op: Any, args: tuple, kwargs: dict) -> Optional[Decomposed]:
     for static shapes it is traced once and remembered (a model repeats its
     blocks).
     """
+    key = _list_call_key(op, args, kwargs)
+    if key is not None and key in _TRACES:
+        return _TRACES[key]
     flat, spec = pytree.tree_flatten((args, kwargs))
-    key = _trace_key(op, flat, spec)
+    key = key or _trace_key(op, flat, spec)
     if key is not None and key in _TRACES:
         return _TRACES[key]
     found = _decomposed(op, flat, spec)
@@ -110,7 +113,21 @@ def decomposed(op: Any, args: tuple, kwargs: dict) -> Optional[Decomposed]:
 _TRACES: dict = {}
 
 
+def _list_call_key(op: Any, args: tuple, kwargs: dict) -> Optional[tuple]:
+    """The key of a call shaped ``op([tensors], *scalars)`` (a concatenation, as a graph spells it), built
+    without flattening: one per ``cat`` of a model, so it is most of what a plan spends on them."""
+    if kwargs or not args or not isinstance(args[0], (list, tuple)):
+        return None
+    items = _described(list(args[0]) + list(args[1:]))
+    return None if items is None else (op, ("list", len(args[0]), len(args) - 1), items)
+
+
 def _trace_key(op: Any, flat: list, spec: Any) -> Optional[tuple]:
+    items = _described(flat)
+    return None if items is None else (op, str(spec), items)
+
+
+def _described(flat: list) -> Optional[tuple]:
     items = []
     for item in flat:
         if isinstance(item, torch.Tensor):
@@ -122,7 +139,7 @@ def _trace_key(op: Any, flat: list, spec: Any) -> Optional[tuple]:
             items.append((type(item), item))
         else:
             return None
-    return (op, str(spec), tuple(items))
+    return tuple(items)
 
 
 def _decomposed(op: Any, flat: list, spec: Any) -> Optional[Decomposed]:

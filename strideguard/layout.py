@@ -22,7 +22,7 @@ Size = int | torch.SymInt
 
 
 def _known(condition) -> bool:
-    return statically_known_true(condition)
+    return condition if type(condition) is bool else statically_known_true(condition)
 
 
 def _all(decisions) -> Decision:
@@ -80,7 +80,9 @@ def _dense_in_order(shape, strides, dim_order, *, literal: bool) -> Decision:
 
 def same_sizes(first: Sequence[Size], second: Sequence[Size]) -> bool:
     """Whether two size or stride tuples are provably equal, without adding a guard."""
-    return len(first) == len(second) and all(_known(a == b) for a, b in zip(first, second))
+    return len(first) == len(second) and all(
+        a == b if type(a) is int and type(b) is int else _known(a == b) for a, b in zip(first, second)
+    )
 
 
 def has_size_one_dim(shape: Sequence[Size]) -> bool:
@@ -131,6 +133,8 @@ def dim_order_of(shape: Sequence[Size], strides: Sequence[Size]) -> Optional[tup
     This is the order ExecuTorch writes for a tensor: stable sort by decreasing
     stride. ``None`` when symbolic strides cannot be compared.
     """
+    if all(type(s) is int for s in strides):
+        return tuple(sorted(range(len(shape)), key=lambda d: -strides[d]))
     dims = list(range(len(shape)))
     try:
         concrete = [_concrete(s) for s in strides]

@@ -267,11 +267,15 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
     convolution of a view with gaps, in the same order, may too. Such a
     copy stays a copy: it is the one layout change the program asked for.
     """
+    computing = _computing_readers(node, conversion)
+    if not computing:  # both answers below need compute reading the view
+        return False
     original = node.meta.get("val")
     new = candidate if isinstance(candidate, list) else [candidate]
     old = list(original) if isinstance(original, (list, tuple)) else [original]
-    pairs = [(g, o) for g, o in zip(new, old) if isinstance(o, torch.Tensor)]
-    computing = _computing_readers(node, conversion)
+    pairs = [(g, o) for g, o in zip(new, old) if isinstance(o, torch.Tensor) and not layout.same_sizes(g.strides, o.stride())]
+    if not pairs:
+        return False
     if any(layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(o.shape, o.stride()) for g, o in pairs):
         return bool(computing)
     restrided = any(not layout.same_sizes(g.strides, o.stride()) for g, o in pairs)

@@ -460,7 +460,11 @@ def test_compile_writes_a_package_whose_outputs_come_back_dense(programs, tmp_pa
     source = programs / "robot.pt2"
     before = digest(source)
     package = tmp_path / "robot.compiled.pt2"
-    result = strideguard("compile", source, "-o", package)
+    across = strideguard("compile", source, "-o", package, "--device", "cuda:sm87")
+    assert across.returncode == 2 and not package.exists()
+    assert "tensors are on cpu" in across.stderr and "compiles natively" in across.stderr
+    assert "exact=True, device='cuda:sm87'" in across.stderr
+    result = strideguard("compile", source, "-o", package, "--device", "cpu")
     assert result.returncode == 0, result.stderr
     assert "copied 3 outputs: actions, first_action, gripper" in result.stdout
     assert "actions: made at examples.py:" in result.stdout and "joints = sample[..., : self.joints]" in result.stdout

@@ -559,6 +559,14 @@ class CudaJudgement:
     """Outputs of the program fixed for CUDA that its CUDA lowering still returns out of layout (must be empty)."""
     proof_target: str
 
+    @property
+    def ok(self) -> bool:
+        return not self.after
+
+    def row(self) -> dict[str, Any]:
+        return {"model": self.model, "path": self.path, "differs": [list(d) for d in self.differs],
+                "after": self.after, "proof_target": self.proof_target}
+
 
 def judge_cuda(model: ZooModel, path: str, *, compare: bool = False) -> CudaJudgement:
     """The program fixed for CUDA (``exact=True, device="cuda"``): its proof is the CUDA lowering of the fixed
@@ -572,21 +580,22 @@ def judge_cuda(model: ZooModel, path: str, *, compare: bool = False) -> CudaJudg
     program = model.export()
     lower = lower_outputs
     if path == "edge":
-        from strideguard.executorch import DenseOutputsPass
-
         program, lower = edge_of(program, model.edge_exceptions), lower_edge_outputs
-        dense = DenseOutputsPass(exact=True, device="cuda")
-        dense.call(program)
-        proof = dense.proof
-    else:
-        proof = strideguard.densify_outputs(program, exact=True, device="cuda").graph_module.meta[PROOF_KEY]
     differs = []
-    if compare:
+    if compare:  # the unfixed program, before the fix sees it
         before_cpu, before_cuda = lower(program), lower(program, target=cuda)
         differs = [
             (index, tuple(cpu.strides), tuple(gpu.strides))
             for index, (cpu, gpu) in enumerate(zip(before_cpu.outputs, before_cuda.outputs))
             if cpu is not None and (tuple(cpu.strides) != tuple(gpu.strides) or gpu.alternatives)
         ]
+    if path == "edge":
+        from strideguard.executorch import DenseOutputsPass
+
+        dense = DenseOutputsPass(exact=True, device="cuda")
+        dense.call(program)
+        proof = dense.proof
+    else:
+        proof = strideguard.densify_outputs(program, exact=True, device="cuda").graph_module.meta[PROOF_KEY]
     after = [f"output {index} unproven: {proof.unproven_reason}" for index in proof.unproven]
     return CudaJudgement(model.name, path, differs, after, proof.target)

@@ -26,7 +26,7 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..analysis import OutputFacts
 from ..dialect import Dialect, aten_op, copies_into, copy_call, involution_call, permute_call
-from ..fake_values import call_on_fake_values
+from ..fake_values import call_on_fake_values, fresh_like
 from ..naming import node_stem, rename
 from ..program import COPY_TAG, LAYOUT_TAG
 
@@ -62,14 +62,15 @@ def copy_form_for(source_value: Any, dialect: Dialect) -> CopyForm:
 
 
 def _new_node(
-    graph, after: Node, target: Any, args: tuple, kwargs: dict, origin: Node, value, form: CopyForm, name: Optional[str]
+    graph, after: Node, target: Any, args: tuple, kwargs: dict, origin: Node, value, form: CopyForm, name: Optional[str],
+    elementwise: bool = False,
 ) -> Node:
     with graph.inserting_after(after):
         node = graph.call_function(target, args, kwargs)
     if name is not None:
         rename(node, name)
     node.meta.update({key: origin.meta[key] for key in _INHERITED_META if key in origin.meta})
-    node.meta["val"] = call_on_fake_values(aten_op(target), node, value)
+    node.meta["val"] = fresh_like(after.meta["val"]) if elementwise else call_on_fake_values(aten_op(target), node, value)
     if "tensor_meta" in origin.meta:
         node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
     # A new dict (the original's is shared with the caller's program); what the user asked of the output the
@@ -109,7 +110,8 @@ def insert_copy(
     last = source
     for step, (op, args, op_kwargs) in enumerate(steps):
         name = None if stem is None else f"{stem}_dense" if step == len(steps) - 1 else f"{stem}_copy"
-        last = _new_node(graph, last, op, (last, *args), op_kwargs, source, value, form, name)
+        # the involutions' values are fresh tensors laid out as their dense input: no dispatch
+        last = _new_node(graph, last, op, (last, *args), op_kwargs, source, value, form, name, elementwise=op is involution)
     return last
 
 
