@@ -14,13 +14,14 @@ from torch.utils import _pytree as pytree
 from .dialect import view_twin
 
 
-def call_on_fake_values(op: Any, node: Node, value: Callable[[Node], Any]) -> Any:
-    """Run ``op`` on the fake values of ``node``'s arguments: the value ``node`` would have.
+def call_on_fake_values(op: Any, node: Node, value: Callable[[Node], Any], kwargs: Optional[dict] = None) -> Any:
+    """Run ``op`` on the fake values of ``node``'s arguments (its keyword arguments, or ``kwargs``): the value
+    ``node`` would have.
 
     A view copy (``slice_copy``) runs as its view and a contiguous clone: its own kernel asks for a storage
     offset, which a fake tensor with symbolic sizes has not.
     """
-    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), value)
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs if kwargs is None else kwargs), value)
     fake_mode = detect_fake_mode([a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)])
     view = view_twin(op) if isinstance(op, torch._ops.OpOverload) and torch.Tag.view_copy in op.tags else None
     with fake_mode or contextlib.nullcontext():

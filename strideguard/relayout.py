@@ -34,19 +34,20 @@ def relaid_nodes(
     a decomposition traced only for the few ops whose decomposition can
     lay out their result like an input (and remembered per shape).
     """
+    computing = [node for node in graph.nodes if node.op == "call_function"]
     changed = {node for node in converted if _relaid(geometry(node), node)}
-    changed |= {node for node in graph.nodes if _decomposition_relays(node, op_of(node))}
+    changed |= {node for node in computing if _decomposition_relays(node, op_of(node))}
     changed |= {node for node in graph.find_nodes(op="placeholder") if _channels_last_input(node)}
     relaid: set[Node] = set()
     if not changed:
         return relaid
-    for node in graph.nodes:
-        if node.op != "call_function" or node in changed:
+    for node in computing:
+        if node in changed or not any(n in changed or n in relaid for n in node.all_input_nodes):
             continue
-        feeds = [n for n in node.all_input_nodes if n in changed or n in relaid]
-        if not feeds or _lays_out_its_own_result(node, op_of(node)):
+        op = op_of(node)
+        if _lays_out_its_own_result(node, op):
             continue
-        if node.target is operator.getitem or (is_view_op(op_of(node)) and not _converts_dtype(node)):
+        if node.target is operator.getitem or (is_view_op(op) and not _converts_dtype(node)):
             changed.add(node)
         else:
             relaid.add(node)

@@ -162,13 +162,16 @@ def plan_view_conversion(
     decided_returned_storages: set = set()
 
     def storages(pieces: list[Node]) -> set:
+        if not pieces:
+            return set()
         return {g.storage for g in map(conversion.geometry, pieces) if isinstance(g, Geometry)}
 
     for node in graph.nodes:
         if node.op != "call_function":
             continue
         pieces = [node] if node in returned else []
-        pieces += [u for u in node.users if u in returned and u.target is operator.getitem]
+        if returned:
+            pieces += [u for u in node.users if u in returned and u.target is operator.getitem]
         if node in conversion.later:
             # Converted in preprocess whatever happens here; converting it now too, where the
             # verifier takes the view, keeps the program what the backend will compile.
@@ -273,13 +276,14 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
     original = node.meta.get("val")
     new = candidate if isinstance(candidate, list) else [candidate]
     old = list(original) if isinstance(original, (list, tuple)) else [original]
-    pairs = [(g, o) for g, o in zip(new, old) if isinstance(o, torch.Tensor) and not layout.same_sizes(g.strides, o.stride())]
+    pairs = [(g, strides) for g, o in zip(new, old) if isinstance(o, torch.Tensor)
+             for strides in [tuple(o.stride())] if not layout.same_sizes(g.strides, strides)]
     if not pairs:
         return False
-    if any(layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(o.shape, o.stride()) for g, o in pairs):
-        return bool(computing)
-    restrided = any(not layout.same_sizes(g.strides, o.stride()) for g, o in pairs)
-    return restrided and any(_picks_its_algorithm_by_layout(conversion.op_of(u)) for u in computing)
+    if any(layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(g.shape, strides) for g, strides in pairs):
+        return True
+    # the strides changed for some pair (else none would be left), in the same order
+    return any(_picks_its_algorithm_by_layout(conversion.op_of(u)) for u in computing)
 
 
 def _computing_readers(node: Node, conversion: ViewConversion) -> list[Node]:

@@ -25,7 +25,7 @@ from torch.fx import Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..analysis import OutputFacts
-from ..dialect import Dialect, aten_op, copies_into, copy_call, involution_call, permute_call
+from ..dialect import Dialect, copies_into, copy_call, involution_call, permute_call, value_call
 from ..fake_values import call_on_fake_values, fresh_like
 from ..naming import node_stem, rename
 from ..program import COPY_TAG, LAYOUT_TAG
@@ -70,7 +70,11 @@ def _new_node(
     if name is not None:
         rename(node, name)
     node.meta.update({key: origin.meta[key] for key in _INHERITED_META if key in origin.meta})
-    node.meta["val"] = fresh_like(after.meta["val"]) if elementwise else call_on_fake_values(aten_op(target), node, value)
+    if elementwise:
+        node.meta["val"] = fresh_like(after.meta["val"])
+    else:
+        op, op_kwargs = value_call(target, kwargs)
+        node.meta["val"] = call_on_fake_values(op, node, value, op_kwargs)
     if "tensor_meta" in origin.meta:
         node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
     # A new dict (the original's is shared with the caller's program); what the user asked of the output the
