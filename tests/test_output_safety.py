@@ -8,6 +8,7 @@ the command line in subprocesses, run in parallel where they can be.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pathlib
 import resource
@@ -75,12 +76,12 @@ def test_two_concurrent_fix_runs_exactly_one_wins(policy, tmp_path):
     assert leftovers(tmp_path) == []
 
 
-SLOW_WRITER = """
-import pathlib, sys, time
+FORKED_WRITERS = """
+import json, os, pathlib, sys, time
 from strideguard import cli
 from strideguard.loading import output
 
-ready = pathlib.Path(sys.argv[1])
+ready = None
 write = output._Sink.write
 
 def slow_write(self, data):
@@ -92,7 +93,26 @@ def slow_write(self, data):
     return write(self, data)
 
 output._Sink.write = slow_write
-cli.main(sys.argv[2:])
+children = {}
+for folder, arguments in json.loads(sys.argv[1]):
+    pid = os.fork()
+    if pid == 0:  # one writer per signal, forked from this process, which paid the imports once
+        ready = pathlib.Path(folder) / "ready"
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        os.dup2(os.open(os.path.join(folder, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+        code = 3
+        try:
+            cli.main(arguments)
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 3
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    children[pid] = folder
+    print(json.dumps(["started", folder, pid]), flush=True)
+for _ in list(children):
+    pid, status = os.wait()
+    print(json.dumps(["ended", children[pid], os.waitstatus_to_exitcode(status)]), flush=True)
 """
 
 
@@ -107,35 +127,39 @@ def _default_signal_dispositions() -> None:
 
 @pytest.mark.commands
 def test_signals_during_the_write_remove_the_temporary_file(policy, tmp_path):
-    """Every catchable signal that would end the process, not only SIGINT and SIGTERM."""
-    runs = {}
-    for signum in output_module._HANDLED_SIGNALS:
-        folder = tmp_path / signum.name
+    """Every catchable signal that would end the process, not only SIGINT and SIGTERM: one writer per
+    signal, each a process of its own (forked from one that imported strideguard once), signalled while
+    torch's writer is inside a write."""
+    folders = {signum: tmp_path / signum.name for signum in output_module._HANDLED_SIGNALS}
+    for folder in folders.values():
         folder.mkdir()
-        ready = folder / "ready"
-        process = subprocess.Popen(
-            [sys.executable, "-c", SLOW_WRITER, ready, "fix", policy, "-o", folder / "fixed.pt2"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPOSITORY,
-            preexec_fn=_default_signal_dispositions,
-        )
-        runs[signum] = (process, folder, ready)
+    plan = [(str(folder), ["fix", str(policy), "-o", str(folder / "fixed.pt2")]) for folder in folders.values()]
+    parent = subprocess.Popen(
+        [sys.executable, "-c", FORKED_WRITERS, json.dumps(plan)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPOSITORY,
+        preexec_fn=_default_signal_dispositions,
+    )
+    pids = {}
+    for _ in folders:
+        line = parent.stdout.readline()
+        assert line, parent.stderr.read()
+        _, folder, pid = json.loads(line)
+        pids[folder] = pid
     # Each writer is signalled the moment it is ready, whichever is first, so none waits behind another.
-    waiting, deadline = dict(runs), time.monotonic() + 480
+    waiting, deadline = dict(folders), time.monotonic() + 480
     while waiting and time.monotonic() < deadline:
-        for signum, (process, folder, ready) in list(waiting.items()):
-            if ready.exists():
-                process.send_signal(signum)
+        for signum, folder in list(waiting.items()):
+            if (folder / "ready").exists():
+                os.kill(pids[str(folder)], signum)
                 del waiting[signum]
-            else:
-                assert process.poll() is None, process.stderr.read()
+        assert parent.poll() is None or not waiting, parent.stderr.read()
         time.sleep(0.05)
     assert not waiting, f"never ready to write: {sorted(s.name for s in waiting)}"
-    for signum, (process, folder, ready) in runs.items():
-        assert process.wait(timeout=240) == 128 + signum
-        assert process.stderr.read().strip().splitlines() == [f"strideguard: error: interrupted by {signum.name}"]
+    codes = dict(json.loads(line)[1:] for line in parent.stdout)
+    assert parent.wait(timeout=240) == 0, parent.stderr.read()
+    for signum, folder in folders.items():
+        assert codes[str(folder)] == 128 + signum, (signum.name, (folder / "stderr").read_text())
+        assert (folder / "stderr").read_text().strip().splitlines() == [f"strideguard: error: interrupted by {signum.name}"]
         assert not (folder / "fixed.pt2").exists()
         assert leftovers(folder) == []
 
