@@ -110,13 +110,15 @@ def pytest_configure(config):
     tiers.watch()
 
 
-SPREAD_FILES = ("test_zoo.py", "test_zoo_cuda.py", "test_generated_regressions.py")
-"""Files whose tests share nothing costly (each model or kept failure built on its own)."""
+SPREAD_FILES = ("test_zoo.py", "test_generated_regressions.py")
+"""Files whose tests share nothing costly across parameters: each zoo model on each path (its CPU, CUDA and
+pushdown judgements one after another on one worker, sharing its programs: ``zoo.program_of``), each kept
+failure on its own."""
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile``, except that the tests of ``SPREAD_FILES`` go one by one to whichever worker is
-    free: every other file's tests stay together on one worker, so that its module and session fixtures
+    """``--dist loadfile``, except that the tests of ``SPREAD_FILES`` go by parameter (``[edge-unet]``: every
+    test of it) to whichever worker is free: every other file's tests stay together on one worker, so that its module and session fixtures
     (compiled programs) are built once, and the zoo's models fill both workers to the end. (xdist's own
     ``loadgroup`` would say the same with markers, but its renamed node ids are not read by this pytest.)"""
     if config.getvalue("dist") != "loadfile":
@@ -126,7 +128,9 @@ def pytest_xdist_make_scheduler(config, log):
     class ByFileSpreadingTheZoo(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return nodeid if path.rsplit("/", 1)[-1] in SPREAD_FILES else path
+            if path.rsplit("/", 1)[-1] not in SPREAD_FILES:
+                return path
+            return path + "[" + nodeid.partition("[")[2] if "[" in nodeid else nodeid
 
     return ByFileSpreadingTheZoo(config, log)
 

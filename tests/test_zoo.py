@@ -3,8 +3,10 @@
 For every model, on the ATen path and on the Edge path through ExecuTorch's
 AOTI backend: every output whose layout ``inspect`` decides has exactly the
 strides Inductor gives it, the copies strideguard adds are exactly the copies
-needed, and after the fix every output is in its exact target layout. ``make
-zoo`` checks the same against fully compiled methods, values included.
+needed, and after the fix every output is in its exact target layout; fixed
+for CUDA (``exact=True, device="cuda"``), every output is proven in layout by
+Inductor's CUDA lowering, run here on fake tensors. ``make zoo`` checks the
+same against fully compiled methods, values included.
 """
 
 from __future__ import annotations
@@ -39,6 +41,17 @@ def test_zoo_model_is_predicted_and_fixed(model, path):
         f"copies at outputs {judgement.copied}, needed at {judgement.needed} (undecided: {judgement.undecided})"
     )
     assert not judgement.after, judgement.after
+
+
+@pytest.mark.parametrize("model", zoo.MODELS, ids=[m.name for m in zoo.MODELS])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.lowers
+def test_zoo_fixed_for_cuda_is_in_layout_under_cudas_lowering(model, path):
+    """Judged by Inductor's CUDA lowering (fake tensors, sm90; no GPU needed): fixed with ``exact=True,
+    device="cuda"``, every output proven in layout by the CUDA lowering of the fixed program."""
+    judgement = zoo.judge_cuda(built(model), path)
+    assert judgement.after == [], judgement.after
+    assert "cuda sm90" in judgement.proof_target
 
 
 @pytest.mark.parametrize("model", zoo.DECODERS, ids=[m.name for m in zoo.DECODERS])

@@ -16,7 +16,7 @@ what AOTInductor and ExecuTorch's AOTI path really return (``make zoo``).
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
+from collections import Counter, OrderedDict
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -297,9 +297,25 @@ def _measured(values: list) -> list:
     return [(tuple(v.shape), tuple(v.stride())) if isinstance(v, torch.Tensor) else None for v in values]
 
 
+_PROGRAMS: "OrderedDict[tuple[str, str], torch.export.ExportedProgram]" = OrderedDict()
+
+
+def program_of(model: ZooModel, path: str) -> torch.export.ExportedProgram:
+    """``model`` exported (``"aten"``) or as ExecuTorch's AOTI path hands it on (``"edge"``), built once per
+    process for the judgements that only read it: a model's tests on one path run one after another on one
+    worker (tests/conftest.py), so its CPU and CUDA judgements share one export and one Edge program."""
+    key = (model.name, path)
+    if key not in _PROGRAMS:
+        program = program_of(model, "aten") if path == "edge" else model.export()
+        _PROGRAMS[key] = edge_of(program, model.edge_exceptions) if path == "edge" else program
+        while len(_PROGRAMS) > 4:
+            _PROGRAMS.popitem(last=False)
+    return _PROGRAMS[key]
+
+
 def judge_aten(model: ZooModel, *, compile: bool = False, directory: Optional[str] = None) -> Judgement:
     """The ATen path: ``inspect`` against what AOTInductor returns, ``densify_outputs`` after."""
-    program = model.export()
+    program = model.export() if compile else program_of(model, "aten")
     report = strideguard.inspect(program)
     fixed = strideguard.densify_outputs(program)
     orders = target_dim_orders(program)
@@ -329,7 +345,7 @@ def judge_edge(model: ZooModel, *, compile: bool = False, directory: Optional[st
     ``inspect`` against what the delegate returns, ``DenseOutputsPass`` after."""
     from strideguard.executorch import DenseOutputsPass
 
-    edge = edge_of(model.export(), model.edge_exceptions)
+    edge = edge_of(model.export(), model.edge_exceptions) if compile else program_of(model, "edge")
     report = strideguard.inspect(edge)
     orders = target_dim_orders(edge)
     if not compile:
@@ -577,10 +593,8 @@ def judge_cuda(model: ZooModel, path: str, *, compare: bool = False) -> CudaJudg
     from strideguard.targets import resolve_target
 
     cuda = resolve_target("cuda", function="zoo")
-    program = model.export()
-    lower = lower_outputs
-    if path == "edge":
-        program, lower = edge_of(program, model.edge_exceptions), lower_edge_outputs
+    program = program_of(model, path)
+    lower = lower_edge_outputs if path == "edge" else lower_outputs
     differs = []
     if compare:  # the unfixed program, before the fix sees it
         before_cpu, before_cuda = lower(program), lower(program, target=cuda)
