@@ -26,6 +26,8 @@ from .fake_values import call_on_fake_values
 from .records import Alias, AliasKind
 from .replay import Geometry, Layout, view_geometry
 
+aten = torch.ops.aten
+
 Values = Callable[[Node], Any]
 """The fake value a node will have in the compiled program."""
 
@@ -92,6 +94,10 @@ def compiled_layout(
     afresh, densely, or lay the base out otherwise than traced.
     """
     values, op_of, returned, relaid = compilation.values, compilation.op_of, compilation.returned, compilation.relaid
+    sealed = _sealed_view_copy(tensor, chain, base, compilation)
+    if sealed is not None and (base.op != "placeholder" or base_role is None or base_role.kind is AliasKind.INPUT
+                               or inductor.weight_lowering(values(base)) is inductor.WeightLowering.CONSTANT):
+        return sealed
     if base.op == "placeholder":
         # A size-one dimension's stride is "insignificant" to Inductor: it may re-stride a view that has one
         # (found by ``make fuzz``: a ``[1, 1]`` narrow of a diagonal of an input, traced (36, 17), comes back
@@ -192,6 +198,61 @@ def compiled_layout(
             any_layout=realized is None,
         )
     return Decided(strides)
+
+
+def _sealed_view_copy(tensor: torch.Tensor, chain: list[Node], base: Node, compilation: Compilation) -> Optional[CompiledLayout]:
+    """A view of a view that Inductor cannot unwrap to its storage, which it returns as a dense copy in the
+    traced order (found by ``make fuzz``: a ``diagonal`` of a ``diagonal`` of an input, traced ``(21, 10)``,
+    comes back ``(2, 1)``); ``None`` where the chain comes back as a view (``inductor.HeldView``)."""
+    if not any(aten_op(compilation.op_of(node)) in _WRAPPING_OPS for node in chain if node.target is not operator.getitem):
+        return None
+    held = inductor.HeldView.STORED
+    last = len(chain) - 1
+    for position, node in enumerate(reversed(chain)):
+        if node.target is operator.getitem:
+            continue
+        source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+        if source is None:
+            return _unfollowed(tensor)
+        held = inductor.held_after(held, aten_op(compilation.op_of(node)), compilation.values(source), compilation.values(node))
+        if held is None:
+            return _unfollowed(tensor)
+        if position < last and _realized_as_a_view_on_its_own(node, compilation):
+            if held is inductor.HeldView.SEALED:
+                return _unfollowed(tensor)  # copied there, and the rest of the chain is a view of that copy
+            if held is inductor.HeldView.WRAPPED:
+                if not statically_known_true(compilation.values(node).numel() > 1):
+                    return _unfollowed(tensor)
+                held = inductor.HeldView.STORED  # Inductor keeps it as strides over the storage from there on
+    if held is not inductor.HeldView.SEALED:
+        return None
+    traced = tuple(tensor.stride())
+    if statically_known_true(tensor.numel() < 2):
+        return Decided(traced)  # no copy: Inductor gives an output of one element the traced strides
+    copied = inductor.copy_in_traced_order(tuple(tensor.shape), traced)
+    if copied is None or not statically_known_true(tensor.numel() > 1):
+        return _unfollowed(tensor)
+    return Decided(copied, note="Inductor returns this view of a view as a dense copy in the traced order")
+
+
+_WRAPPING_OPS = frozenset({aten.diagonal.default, aten.unfold.default, aten.view.dtype})
+
+def _unfollowed(tensor: torch.Tensor) -> LeftToInductor:
+    return LeftToInductor(
+        tuple(tensor.stride()),
+        why="a view of a view that Inductor may return as a copy, in a layout this analysis does not follow",
+        any_layout=True,
+    )
+
+
+def _realized_as_a_view_on_its_own(node: Node, compilation: Compilation) -> bool:
+    """A view in the middle of a chain that Inductor realizes when it lowers it: a returned node, or the input
+    of an ``as_strided``."""
+    return node in compilation.returned or any(
+        isinstance(aten_op(compilation.op_of(user)), torch._ops.OpOverload)
+        and aten_op(compilation.op_of(user)).overloadpacket is aten.as_strided
+        for user in node.users
+    )
 
 
 def _concatenation_chooses_size_one_strides(base: Node, tensor: torch.Tensor, decomposition, values: Values) -> bool:

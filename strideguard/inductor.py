@@ -216,3 +216,64 @@ def lowers_to_kernel_output(op: Any) -> bool:
         # one input (``cat`` of uint8 tensors on the CPU does), and the set then outlives that compile.
         return bool(getattr(registered, "_is_fallback_handler", False))
     return op not in _decomposition_table()
+
+
+class HeldView(str, Enum):
+    """How Inductor's lowering holds a view of a buffer while it lowers the graph (``torch._inductor.ir``).
+
+    Most view lowerings take the view of what their input holds (``x.data``); ``diagonal``, ``unfold`` and a
+    same-width ``view(dtype)`` wrap their input whole. A view wrapped around a view that is not plain strides
+    over a buffer can no longer be unwrapped to its storage, so Inductor returns it as a copy
+    (``require_stride_order`` on an output: dense, in the order of the traced strides).
+    """
+
+    STORED = "stored"
+    """A buffer, or plain strides over one (``ReinterpretView``)."""
+    WRAPPED = "wrapped"
+    """A view whose index is composed over a stored value (``GenericView`` of a buffer)."""
+    SEALED = "sealed"
+    """A view wrapped around a wrapped view: returned, it is copied."""
+
+
+_WRAP_ANY_INPUT = frozenset({aten.diagonal, aten.unfold})
+"""Lowered as ``GenericView.create(input, ...)`` whatever the input holds."""
+
+_VIEW_OF_WHAT_IT_HOLDS = frozenset(
+    {
+        aten.slice, aten.select, aten.narrow, aten.permute, aten.transpose, aten.t, aten.expand,
+        aten.unsqueeze, aten.squeeze, aten.split, aten.split_with_sizes, aten.unbind, aten.view,
+        aten._unsafe_view, aten.reshape, aten.alias, aten.detach, aten.movedim,
+    }
+)
+"""Lowered as a view of ``x.data`` (or decomposed into such views): the input's hold is kept."""
+
+
+def held_after(held: HeldView, op: Any, source: torch.Tensor, result: torch.Tensor) -> Optional[HeldView]:
+    """How Inductor holds ``op``'s view of a value held as ``held``; ``None`` where this is not known."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    packet = op.overloadpacket
+    if packet in _WRAP_ANY_INPUT:
+        return HeldView.WRAPPED if held is HeldView.STORED else HeldView.SEALED
+    if op is aten.view.dtype:
+        if source.dtype.itemsize != result.dtype.itemsize:
+            return None  # a fallback kernel's contiguous copy
+        return HeldView.STORED if held is HeldView.STORED else HeldView.SEALED
+    if packet is aten.as_strided:
+        # Taken over the storage the input's views unwrap to, unless that is itself sealed away.
+        return None if held is HeldView.SEALED else HeldView.STORED
+    if packet in _VIEW_OF_WHAT_IT_HOLDS:
+        return held
+    return None
+
+
+def copy_in_traced_order(shape: tuple, strides: tuple) -> Optional[tuple]:
+    """The strides of Inductor's copy of a sealed view (``require_stride_order`` of the traced strides), by
+    Inductor's own ``get_stride_order`` and ``FlexibleLayout.stride_ordered``; ``None`` where a size or a
+    stride is symbolic."""
+    from torch._inductor import ir
+
+    if not all(type(value) is int for value in (*shape, *strides)):
+        return None
+    order = ir.get_stride_order(list(strides))
+    return tuple(int(stride) for stride in ir.FlexibleLayout.stride_ordered(list(shape), order))
