@@ -145,7 +145,17 @@ def op_name(target: Any) -> Optional[str]:
 
 def aten_op(target: Any) -> Any:
     """The ATen ``OpOverload`` behind a target (Edge ops wrap one)."""
-    return getattr(target, "_op", target) if is_edge_op(target) else target
+    try:
+        return _ATEN_OPS[target]
+    except KeyError:
+        op = _ATEN_OPS[target] = getattr(target, "_op", target) if is_edge_op(target) else target
+        return op
+    except TypeError:  # an unhashable target
+        return getattr(target, "_op", target) if is_edge_op(target) else target
+
+
+_ATEN_OPS: dict[Any, Any] = {}
+"""Asked tens of thousands of times per pass, of a few dozen targets."""
 
 
 def _edge_ops():

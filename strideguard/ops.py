@@ -23,8 +23,18 @@ aten = torch.ops.aten
 def packet_of(target: Any) -> Optional[torch._ops.OpOverloadPacket]:
     """The op behind a node's target, all overloads together; the same for an Edge op and the ATen op it
     wraps. ``None`` for a target that is not an op overload (``getitem``, a higher-order operator)."""
-    op = aten_op(target)
-    return op.overloadpacket if isinstance(op, torch._ops.OpOverload) else None
+    try:
+        return _PACKETS[target]
+    except KeyError:
+        op = aten_op(target)
+        packet = _PACKETS[target] = op.overloadpacket if isinstance(op, torch._ops.OpOverload) else None
+        return packet
+    except TypeError:  # an unhashable target
+        op = aten_op(target)
+        return op.overloadpacket if isinstance(op, torch._ops.OpOverload) else None
+
+
+_PACKETS: dict[Any, Optional[torch._ops.OpOverloadPacket]] = {}
 
 
 def in_family(target: Any, family: frozenset) -> bool:

@@ -26,7 +26,8 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..analysis import OutputFacts
 from ..dialect import Dialect, copies_into, copy_call, involution_call, permute_call, value_call
-from ..fake_values import call_on_fake_values, fresh_like
+from ..fake_values import call_on_fake_values, fresh_like, fresh_strided
+from ..layout import strides_for_order
 from ..naming import node_stem, rename
 from ..program import COPY_TAG, LAYOUT_TAG
 
@@ -63,7 +64,7 @@ def copy_form_for(source_value: Any, dialect: Dialect) -> CopyForm:
 
 def _new_node(
     graph, after: Node, target: Any, args: tuple, kwargs: dict, origin: Node, value, form: CopyForm, name: Optional[str],
-    elementwise: bool = False,
+    elementwise: bool = False, dense_strides: Optional[tuple] = None,
 ) -> Node:
     with graph.inserting_after(after):
         node = graph.call_function(target, args, kwargs)
@@ -72,6 +73,8 @@ def _new_node(
     node.meta.update({key: origin.meta[key] for key in _INHERITED_META if key in origin.meta})
     if elementwise:
         node.meta["val"] = fresh_like(after.meta["val"])
+    elif dense_strides is not None:
+        node.meta["val"] = fresh_strided(after.meta["val"], tuple(after.meta["val"].shape), dense_strides)
     else:
         op, op_kwargs = value_call(target, kwargs)
         node.meta["val"] = call_on_fake_values(op, node, value, op_kwargs)
@@ -82,6 +85,12 @@ def _new_node(
     inherited = {key: item for key, item in origin.meta.get("custom", {}).items() if key != LAYOUT_TAG}
     node.meta["custom"] = {**inherited, COPY_TAG: form.value}
     return node
+
+
+def _has_elements(shape: tuple) -> bool:
+    """Every size static and non-zero: the copy's strides are then ``strides_for_order``'s (torch gives an
+    empty tensor other strides in its empty dimensions)."""
+    return all(type(size) is int and size > 0 for size in shape)
 
 
 def insert_copy(
@@ -100,8 +109,10 @@ def insert_copy(
     form = form or copy_form_for(value(source), dialect)
     involution = involution_call(dialect, source.meta["val"].dtype) if form is CopyForm.KEPT else None
     dense = [(involution, (), {})] * (2 if involution is not None else 0)
+    shape = tuple(source.meta["val"].shape)
     if copies_into(dialect, dim_order):
         target, kwargs = copy_call(dialect, dim_order)
+        copied_strides = strides_for_order(shape, dim_order)
         steps = [(target, (), kwargs)] + dense
     else:
         # An ATen program has no op copying into an order without a memory format: lay the permuted source out
@@ -110,12 +121,17 @@ def insert_copy(
         target, kwargs = copy_call(dialect, tuple(range(len(dim_order))))
         permute = permute_call(dialect)
         steps = [(permute, (list(dim_order),), {}), (target, (), kwargs)] + dense + [(permute, (inverse,), {})]
+        permuted = tuple(shape[dim] for dim in dim_order)
+        copied_strides = strides_for_order(permuted, tuple(range(len(dim_order))))
     stem = node_stem(serves) if serves is not None else None
     last = source
     for step, (op, args, op_kwargs) in enumerate(steps):
         name = None if stem is None else f"{stem}_dense" if step == len(steps) - 1 else f"{stem}_copy"
-        # the involutions' values are fresh tensors laid out as their dense input: no dispatch
-        last = _new_node(graph, last, op, (last, *args), op_kwargs, source, value, form, name, elementwise=op is involution)
+        # the copy's and the involutions' values are fresh dense tensors whose strides are known: no dispatch
+        last = _new_node(
+            graph, last, op, (last, *args), op_kwargs, source, value, form, name, elementwise=op is involution,
+            dense_strides=copied_strides if op is target and _has_elements(shape) else None,
+        )
     return last
 
 
