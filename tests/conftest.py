@@ -116,8 +116,22 @@ pushdown judgements one after another on one worker, sharing its programs: ``zoo
 failure on its own."""
 
 
+GROUPS = {
+    "test_bounded.py": {
+        "test_every_verb_on_a_hostile_name_ends_within_budget": "names",
+        "test_nothing_is_left_in_the_temporary_folder_by_hostile_names": "names",
+        "test_names_from_files_and_arguments_print_as_themselves": "names",
+        "test_outputs_sharing_one_memory_cost_linear_time_and_report_size": "sharing",
+    },
+    "test_generated.py": {"test_pushdown_keeps_the_contract_on_generated_programs": "pushdown"},
+}
+"""Tests that share no costly fixture with the rest of their file (the rest shares its module fixture, or
+the generated CI set), by test function: each group goes to whichever worker is free, so that the two longest
+files do not hold one worker each to the end."""
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile``, except that the tests of ``SPREAD_FILES`` go by parameter (``[edge-unet]``: every
+    """``--dist loadfile``, except for ``GROUPS``, and that the tests of ``SPREAD_FILES`` go by parameter (``[edge-unet]``: every
     test of it) to whichever worker is free: every other file's tests stay together on one worker, so that its module and session fixtures
     (compiled programs) are built once, and the zoo's models fill both workers to the end. (xdist's own
     ``loadgroup`` would say the same with markers, but its renamed node ids are not read by this pytest.)"""
@@ -128,7 +142,12 @@ def pytest_xdist_make_scheduler(config, log):
     class ByFileSpreadingTheZoo(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            if path.rsplit("/", 1)[-1] not in SPREAD_FILES:
+            file = path.rsplit("/", 1)[-1]
+            function = nodeid.partition("::")[2].partition("[")[0]
+            group = GROUPS.get(file, {}).get(function)
+            if group is not None:
+                return f"{path}::{group}"
+            if file not in SPREAD_FILES:
                 return path
             return path + "[" + nodeid.partition("[")[2] if "[" in nodeid else nodeid
 

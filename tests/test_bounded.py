@@ -130,11 +130,22 @@ def measured(tmp_path_factory) -> dict:
     workshop = hostile.Workshop(folder / "hostile", hostile.save_sources(folder / "sources"))
     for case in REFUSED:
         files[case.name] = case.make(workshop, workshop.marker(case.name))
-    files["policy-named"] = workshop.sources["policy"]
+    return _measure(folder, files)
+
+
+@pytest.fixture(scope="module")
+@tiers.needs("compiles", "lowers", "commands")
+def measured_names(tmp_path_factory) -> dict:
+    """``measured`` for the files whose names carry markup and escapes; a fixture of its own, so that its
+    compile and verify of the policy run on one worker while ``measured`` runs on the other
+    (``tests/conftest.py``, ``GROUPS``)."""
+    folder = tmp_path_factory.mktemp("named")
+    sources = {"policy-named": hostile.save_sources(folder / "sources")["policy"], "wide": costly.make(folder / "files")["wide"]}
+    files = {}
     for name, path in NAMES.items():
         named = folder / "names" / path
         named.parent.mkdir(parents=True, exist_ok=True)
-        named.write_bytes(files[NAME_SOURCES[name]].read_bytes())
+        named.write_bytes(sources[NAME_SOURCES[name]].read_bytes())
         files[f"name-{name}"] = named
     return _measure(folder, files)
 
@@ -192,7 +203,7 @@ def _verbs_for(file_name: str) -> dict[str, list[str]]:
         return {verb: NAME_VERBS[verb] for verb in ("inspect-plot", "fix")}
     if file_name in costly.LARGE:
         return {verb: VERBS[verb] for verb in PLAIN_VERBS}
-    return {} if file_name == "policy-named" else VERBS
+    return VERBS
 
 
 def _our_temporaries(folder: pathlib.Path) -> set[str]:
@@ -216,13 +227,19 @@ DECLARED = {
 }
 """Legal-looking files whose declared sizes would cost what the file does not hold: refused, by what."""
 FILES = ["wide", "chain", "unbounded-loop", "node-named-self", *DECLARED] + [case.name for case in REFUSED]
-RUN_NAMES = [f"{file}.{verb}" for file in FILES + [f"name-{name}" for name in NAMES] for verb in _verbs_for(file)]
+RUN_NAMES = [f"{file}.{verb}" for file in FILES for verb in _verbs_for(file)]
+NAMED_RUN_NAMES = [f"name-{name}.{verb}" for name in NAMES for verb in _verbs_for(f"name-{name}")]
 LARGE_RUN_NAMES = [f"{file}.{verb}" for file in costly.LARGE for verb in _verbs_for(file)]
 
 
 @pytest.mark.parametrize("name", RUN_NAMES)
 def test_every_verb_ends_within_budget_in_a_result_or_one_line(measured, name):
     _ends_within_budget(measured["runs"][name], name)
+
+
+@pytest.mark.parametrize("name", NAMED_RUN_NAMES)
+def test_every_verb_on_a_hostile_name_ends_within_budget(measured_names, name):
+    _ends_within_budget(measured_names["runs"][name], name)
 
 
 @pytest.mark.long
@@ -257,6 +274,10 @@ def _ends_within_budget(run: dict, name: str) -> None:
 
 def test_nothing_is_left_in_the_temporary_folder(measured):
     assert measured["temporaries_left"] == []
+
+
+def test_nothing_is_left_in_the_temporary_folder_by_hostile_names(measured_names):
+    assert measured_names["temporaries_left"] == []
 
 
 def test_the_costly_files_end_as_they_should(measured):
@@ -314,11 +335,11 @@ def test_the_largest_admitted_program_is_the_largest_built():
         shutil.rmtree(folder)
 
 
-def test_names_from_files_and_arguments_print_as_themselves(measured):
+def test_names_from_files_and_arguments_print_as_themselves(measured_names):
     """A path carrying rich markup, terminal escapes (clear screen, an OSC title, BEL), a right-to-left
     override or matplotlib math: every verb prints it literally, escapes shown as escapes, on success
     (table titles, "wrote ...") and on error, and the plot is drawn."""
-    runs = measured["runs"]
+    runs = measured_names["runs"]
     for name in NAMES:
         for verb in _verbs_for(f"name-{name}"):
             run = runs[f"name-{name}.{verb}"]
