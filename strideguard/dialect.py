@@ -203,15 +203,46 @@ def copy_call(dialect: Dialect, dim_order: tuple[int, ...]) -> tuple[Any, dict[s
 
 
 def copies_into(dialect: Dialect, dim_order: tuple[int, ...]) -> bool:
-    """Whether ``copy_call`` has an op copying into ``dim_order`` (dim-order mode: any order; otherwise one with a
-    ``torch.memory_format``). ATen copies into any other order through a permutation (``insert_copy``)."""
+    """Whether ``copy_call`` has an op copying into ``dim_order``: one with a ``torch.memory_format``, and in
+    dim-order mode one ``_clone_dim_order`` takes (ExecuTorch maps its dim order to a memory format: contiguous,
+    or channels-last in 4-D). ATen copies into any other order through a permutation (``insert_copy``); an
+    Edge program into a memory-format order that lays out the same bytes (``edge_copy_order``)."""
     if dialect is Dialect.EDGE_DIM_ORDER:
-        return True
+        ndim = len(dim_order)
+        return tuple(dim_order) == tuple(range(ndim)) or (ndim == 4 and tuple(dim_order) == (0, 2, 3, 1))
     try:
         _memory_format(dim_order)
     except ValueError:
         return False
     return True
+
+
+def edge_copy_order(dialect: Dialect, shape: tuple, dim_order: tuple[int, ...]) -> Optional[tuple[int, ...]]:
+    """For an Edge program, an order its copy op takes that lays out the same bytes as ``dim_order`` (they differ
+    only in size-one dimensions), preferring one whose dense strides ExecuTorch reads back as that very order;
+    ``None`` where there is none.
+
+    ExecuTorch derives an output's dim order from its strides, ties in the order of the dimensions: a
+    channels-last ``[2, 1, 4, 4]`` value (strides ``(16, 1, 4, 1)``) promises ``(0, 2, 1, 3)``, whose strides
+    are ``(16, 4, 4, 1)``, and no copy op of an Edge program writes those (found by ``make fuzz``). Its
+    contiguous copy, ``(16, 16, 4, 1)``, holds the same bytes in the same places and promises
+    ``(0, 1, 2, 3)``, which it keeps.
+    """
+    from . import layout
+
+    ndim = len(dim_order)
+    candidates = [tuple(range(ndim))] + ([(0, 2, 3, 1)] if ndim == 4 else []) + ([(0, 2, 3, 4, 1)] if ndim == 5 else [])
+    same_bytes = []
+    for candidate in candidates:
+        if not copies_into(dialect, candidate):
+            continue
+        strides = layout.strides_for_order(shape, candidate)
+        if layout.is_dense_in_order(shape, strides, dim_order) is True:
+            same_bytes.append((candidate, strides))
+    for candidate, strides in same_bytes:
+        if layout.dim_order_of(shape, strides) == candidate:
+            return candidate
+    return same_bytes[0][0] if same_bytes else None
 
 
 def permute_call(dialect: Dialect) -> Any:
@@ -279,7 +310,7 @@ def _memory_format(dim_order: tuple[int, ...]) -> torch.memory_format:
         return torch.channels_last
     if ndim == 5 and tuple(dim_order) == (0, 2, 3, 4, 1):
         return torch.channels_last_3d
-    raise ValueError(f"dim order {tuple(dim_order)} has no torch.memory_format; only dim-order mode can copy into it")
+    raise ValueError(f"dim order {tuple(dim_order)} has no torch.memory_format")
 
 
 @lru_cache(maxsize=None)

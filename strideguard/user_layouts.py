@@ -75,10 +75,10 @@ def resolve_layouts(program: ExportedProgram, layouts: Optional[Mapping[Any, Any
         if not isinstance(value, torch.Tensor):
             raise ValueError(f"{where}: output {names[index]} is not a tensor and has no layout")
         order = _dim_order(wanted, value.dim(), f"{where} (output {names[index]}, {value.dim()}-d)")
-        if order != KEEP and dialect is Dialect.EDGE_MEMORY_FORMAT and not copies_into(dialect, order):
+        if order != KEEP and dialect.is_edge and not copies_into(dialect, order):
             raise ValueError(
-                f"{where}: dim order {list(order)} has no torch.memory_format, and an Edge program in memory-format "
-                "mode (_skip_dim_order=True) can only copy into one"
+                f"{where}: dim order {list(order)} is not one an Edge program's copy ops write (contiguous, or "
+                "channels-last" + (" in 4-D" if dialect is Dialect.EDGE_DIM_ORDER else "") + ")"
             )
         resolved[index] = order
     return resolved

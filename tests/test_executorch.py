@@ -218,6 +218,39 @@ def test_prepare_for_aoti_converts_views_copies_what_needs_it_and_validates(skip
     assert strideguard.inspect(prepared).ok
 
 
+class OneChannelTwice(torch.nn.Module):
+    def forward(self, x):
+        y = x + 1
+        return y, y
+
+
+@pytest.mark.parametrize("skip_dim_order", [False, True], ids=["dim-order", "memory-format"])
+def test_an_output_promising_an_order_no_edge_copy_writes_is_copied_into_the_same_bytes(skip_dim_order):
+    """ExecuTorch reads a channels-last value with one channel as dim order ``(0, 2, 1, 3)`` (ties in
+    dimension order), which no copy op of an Edge program writes (``_clone_dim_order`` raised in the verifier,
+    found by ``make fuzz``): the copy is contiguous, the same bytes in the same places, and promises its own
+    order."""
+    x = torch.randn(2, 1, 4, 4).to(memory_format=torch.channels_last)
+    program = torch.export.export(OneChannelTwice(), (x,))
+    edge = to_edge(program, compile_config=EdgeCompileConfig(_skip_dim_order=skip_dim_order)).exported_program()
+    assert promised_orders(edge) == [(0, 2, 1, 3), (0, 2, 1, 3)]
+    prepared = strideguard.prepare_for_aoti(edge)
+    prepared.validate()
+    copies = output_copies(prepared.graph)
+    assert copies, "the second output shares the first one's memory: it needs a copy"
+    for copy in copies:
+        source = copied_source(copy)
+        assert source is not None
+    orders = promised_orders(prepared)
+    assert all(order == (0, 1, 2, 3) for order, node in zip(orders, prepared.graph.output_node().args[0]) if node in copies)
+    with torch.no_grad():
+        got = prepared.module()(x)
+    for value, order in zip(got, orders):
+        assert has_layout(value.shape, value.stride(), order), (value.stride(), order)
+        assert torch.equal(value, x + 1)
+    assert got[0].data_ptr() != got[1].data_ptr()
+
+
 @pytest.mark.compiles
 @pytest.mark.lowers
 def test_prepare_for_aoti_converts_more_than_executorch_and_compiles_dense():

@@ -25,7 +25,7 @@ from torch.fx import Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..analysis import OutputFacts
-from ..dialect import Dialect, copies_into, copy_call, involution_call, permute_call, value_call
+from ..dialect import Dialect, copies_into, copy_call, edge_copy_order, involution_call, permute_call, value_call
 from ..fake_values import call_on_fake_values, fresh_like, fresh_strided
 from ..layout import strides_for_order
 from ..naming import node_stem, rename
@@ -110,6 +110,14 @@ def insert_copy(
     involution = involution_call(dialect, source.meta["val"].dtype) if form is CopyForm.KEPT else None
     dense = [(involution, (), {})] * (2 if involution is not None else 0)
     shape = tuple(source.meta["val"].shape)
+    if dialect.is_edge and not copies_into(dialect, dim_order):
+        same_bytes = edge_copy_order(dialect, shape, dim_order)
+        if same_bytes is None:
+            raise ValueError(
+                f"strideguard: {serves or source.name} promises dim order {list(dim_order)}, and an Edge program's "
+                "copy ops write only contiguous and channels-last orders"
+            )
+        dim_order = same_bytes
     if copies_into(dialect, dim_order):
         target, kwargs = copy_call(dialect, dim_order)
         copied_strides = strides_for_order(shape, dim_order)
