@@ -251,6 +251,15 @@ def test_an_output_promising_an_order_no_edge_copy_writes_is_copied_into_the_sam
     assert got[0].data_ptr() != got[1].data_ptr()
 
 
+@pytest.mark.parametrize("skip_dim_order", [False, True], ids=["dim-order", "memory-format"])
+def test_an_order_no_edge_copy_writes_is_refused_when_asked_for(skip_dim_order):
+    x = torch.randn(2, 3, 4, 4)
+    program = torch.export.export(OneChannelTwice(), (x,))
+    edge = to_edge(program, compile_config=EdgeCompileConfig(_skip_dim_order=skip_dim_order)).exported_program()
+    with pytest.raises(ValueError, match=r"layouts\[0\]: dim order \[0, 2, 1, 3\] is not one an Edge program's copy ops write"):
+        strideguard.prepare_for_aoti(edge, layouts={0: (0, 2, 1, 3)})
+
+
 @pytest.mark.compiles
 @pytest.mark.lowers
 def test_prepare_for_aoti_converts_more_than_executorch_and_compiles_dense():
