@@ -7,7 +7,8 @@ run.
 
 A record whose library bug is still open carries ``xfail``, the reason: the
 replay is then a strict xfail, so the fix shows up as an unexpected pass and
-the mark is removed with it. Without ExecuTorch, an open finding on the Edge
+the mark is removed with it (``xfail_in_batch``: open only in its whole batch,
+its own program passing). Without ExecuTorch, an open finding on the Edge
 path is skipped instead (its Edge checks do not run there).
 """
 
@@ -35,8 +36,9 @@ def _cases(in_batch: bool) -> list:
         marks = list(_TIERS.get(oracle, [pytest.mark.lowers]))
         if in_batch:
             marks.append(pytest.mark.long)
-        if record.get("xfail"):
-            marks.append(pytest.mark.xfail(strict=True, reason=record["xfail"]))
+        open_reason = record.get("xfail") or (record.get("xfail_in_batch") if in_batch else None)
+        if open_reason:
+            marks.append(pytest.mark.xfail(strict=True, reason=open_reason))
             if not HAS_EXECUTORCH and "edge" in record["failure"].lower():
                 # An open Edge finding cannot fail without ExecuTorch: its strict xfail would pass unexpectedly.
                 marks.append(needs_executorch)
