@@ -204,7 +204,7 @@ def _sealed_view_copy(tensor: torch.Tensor, chain: list[Node], base: Node, compi
     """A view of a view that Inductor cannot unwrap to its storage, which it returns as a dense copy in the
     traced order (found by ``make fuzz``: a ``diagonal`` of a ``diagonal`` of an input, traced ``(21, 10)``,
     comes back ``(2, 1)``); ``None`` where the chain comes back as a view (``inductor.HeldView``)."""
-    if not any(aten_op(compilation.op_of(node)) in _WRAPPING_OPS for node in chain if node.target is not operator.getitem):
+    if not any(inductor.may_seal(aten_op(compilation.op_of(node))) for node in chain):
         return None
     held = inductor.HeldView.STORED
     last = len(chain) - 1
@@ -230,12 +230,10 @@ def _sealed_view_copy(tensor: torch.Tensor, chain: list[Node], base: Node, compi
     if statically_known_true(tensor.numel() < 2):
         return Decided(traced)  # no copy: Inductor gives an output of one element the traced strides
     copied = inductor.copy_in_traced_order(tuple(tensor.shape), traced)
-    if copied is None or not statically_known_true(tensor.numel() > 1):
+    if copied is None:
         return _unfollowed(tensor)
     return Decided(copied, note="Inductor returns this view of a view as a dense copy in the traced order")
 
-
-_WRAPPING_OPS = frozenset({aten.diagonal.default, aten.unfold.default, aten.view.dtype})
 
 def _unfollowed(tensor: torch.Tensor) -> LeftToInductor:
     return LeftToInductor(
@@ -249,9 +247,7 @@ def _realized_as_a_view_on_its_own(node: Node, compilation: Compilation) -> bool
     """A view in the middle of a chain that Inductor realizes when it lowers it: a returned node, or the input
     of an ``as_strided``."""
     return node in compilation.returned or any(
-        isinstance(aten_op(compilation.op_of(user)), torch._ops.OpOverload)
-        and aten_op(compilation.op_of(user)).overloadpacket is aten.as_strided
-        for user in node.users
+        ops.packet_of(compilation.op_of(user)) is aten.as_strided for user in node.users
     )
 
 

@@ -144,18 +144,19 @@ def op_name(target: Any) -> Optional[str]:
 
 
 def aten_op(target: Any) -> Any:
-    """The ATen ``OpOverload`` behind a target (Edge ops wrap one)."""
+    """The ATen ``OpOverload`` behind a target (Edge ops wrap one); remembered per target, as it is asked tens
+    of thousands of times per pass of a few dozen targets."""
     try:
-        return _ATEN_OPS[target]
-    except KeyError:
-        op = _ATEN_OPS[target] = getattr(target, "_op", target) if is_edge_op(target) else target
-        return op
+        return _remembered_aten_op(target)
     except TypeError:  # an unhashable target
-        return getattr(target, "_op", target) if is_edge_op(target) else target
+        return _unwrapped(target)
 
 
-_ATEN_OPS: dict[Any, Any] = {}
-"""Asked tens of thousands of times per pass, of a few dozen targets."""
+def _unwrapped(target: Any) -> Any:
+    return getattr(target, "_op", target) if is_edge_op(target) else target
+
+
+_remembered_aten_op = lru_cache(maxsize=None)(_unwrapped)
 
 
 def _edge_ops():
@@ -204,12 +205,18 @@ def copy_call(dialect: Dialect, dim_order: tuple[int, ...]) -> tuple[Any, dict[s
 
 def copies_into(dialect: Dialect, dim_order: tuple[int, ...]) -> bool:
     """Whether ``copy_call`` has an op copying into ``dim_order``: one with a ``torch.memory_format``, and in
-    dim-order mode one ``_clone_dim_order`` takes (ExecuTorch maps its dim order to a memory format: contiguous,
-    or channels-last in 4-D). ATen copies into any other order through a permutation (``insert_copy``); an
-    Edge program into a memory-format order that lays out the same bytes (``edge_copy_order``)."""
+    dim-order mode one ExecuTorch's ``_clone_dim_order`` takes (asked of ExecuTorch's own
+    ``get_memory_format``: contiguous, or channels-last in 4-D). ATen copies into any other order through a
+    permutation (``insert_copy``); an Edge program into a memory-format order that lays out the same bytes
+    (``edge_copy_order``)."""
     if dialect is Dialect.EDGE_DIM_ORDER:
-        ndim = len(dim_order)
-        return tuple(dim_order) == tuple(range(ndim)) or (ndim == 4 and tuple(dim_order) == (0, 2, 3, 1))
+        from executorch.exir.dim_order_utils import get_memory_format
+
+        try:
+            get_memory_format(list(dim_order))
+        except AssertionError:
+            return False
+        return True
     try:
         _memory_format(dim_order)
     except ValueError:
@@ -230,10 +237,8 @@ def edge_copy_order(dialect: Dialect, shape: tuple, dim_order: tuple[int, ...]) 
     """
     from . import layout
 
-    ndim = len(dim_order)
-    candidates = [tuple(range(ndim))] + ([(0, 2, 3, 1)] if ndim == 4 else []) + ([(0, 2, 3, 4, 1)] if ndim == 5 else [])
     same_bytes = []
-    for candidate in candidates:
+    for candidate in _MEMORY_FORMAT_ORDERS.get(len(dim_order), (tuple(range(len(dim_order))),)):
         if not copies_into(dialect, candidate):
             continue
         strides = layout.strides_for_order(shape, candidate)
@@ -300,6 +305,13 @@ def value_call(target: Any, kwargs: dict) -> tuple[Any, dict]:
             return op, kwargs
         return torch.ops.aten.clone.default, {"memory_format": memory_format}
     return op, kwargs
+
+
+_MEMORY_FORMAT_ORDERS = {
+    4: ((0, 1, 2, 3), (0, 2, 3, 1)),
+    5: ((0, 1, 2, 3, 4), (0, 2, 3, 4, 1)),
+}
+"""The dim orders with a ``torch.memory_format`` beyond contiguous, by rank (contiguous first)."""
 
 
 def _memory_format(dim_order: tuple[int, ...]) -> torch.memory_format:

@@ -248,6 +248,11 @@ _VIEW_OF_WHAT_IT_HOLDS = frozenset(
 """Lowered as a view of ``x.data`` (or decomposed into such views): the input's hold is kept."""
 
 
+def may_seal(op: Any) -> bool:
+    """Whether ``op`` is one that wraps its input whole, so that a chain without one is never sealed."""
+    return isinstance(op, torch._ops.OpOverload) and (op.overloadpacket in _WRAP_ANY_INPUT or op is aten.view.dtype)
+
+
 def held_after(held: HeldView, op: Any, source: torch.Tensor, result: torch.Tensor) -> Optional[HeldView]:
     """How Inductor holds ``op``'s view of a value held as ``held``; ``None`` where this is not known."""
     if not isinstance(op, torch._ops.OpOverload):

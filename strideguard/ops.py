@@ -11,6 +11,7 @@ on that ``OpOverload`` object itself.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Optional
 
 import torch
@@ -24,17 +25,17 @@ def packet_of(target: Any) -> Optional[torch._ops.OpOverloadPacket]:
     """The op behind a node's target, all overloads together; the same for an Edge op and the ATen op it
     wraps. ``None`` for a target that is not an op overload (``getitem``, a higher-order operator)."""
     try:
-        return _PACKETS[target]
-    except KeyError:
-        op = aten_op(target)
-        packet = _PACKETS[target] = op.overloadpacket if isinstance(op, torch._ops.OpOverload) else None
-        return packet
+        return _remembered_packet(target)
     except TypeError:  # an unhashable target
-        op = aten_op(target)
-        return op.overloadpacket if isinstance(op, torch._ops.OpOverload) else None
+        return _packet(target)
 
 
-_PACKETS: dict[Any, Optional[torch._ops.OpOverloadPacket]] = {}
+def _packet(target: Any) -> Optional[torch._ops.OpOverloadPacket]:
+    op = aten_op(target)
+    return op.overloadpacket if isinstance(op, torch._ops.OpOverload) else None
+
+
+_remembered_packet = lru_cache(maxsize=None)(_packet)
 
 
 def in_family(target: Any, family: frozenset) -> bool:
