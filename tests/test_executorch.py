@@ -251,6 +251,26 @@ def test_an_output_promising_an_order_no_edge_copy_writes_is_copied_into_the_sam
     assert got[0].data_ptr() != got[1].data_ptr()
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_5d_channels_last_output_in_dim_order_mode_is_copied_into_the_same_bytes_or_refused(channels):
+    """``_clone_dim_order`` takes no 5-D channels-last order: with one channel the copy is contiguous (the same
+    bytes); with three there is no such order, and the copy is refused in one line naming the output (it was an
+    ExecuTorch ``InternalError`` from the verifier before)."""
+    x = torch.randn(2, channels, 3, 4, 4).to(memory_format=torch.channels_last_3d)
+    edge = to_edge(torch.export.export(OneChannelTwice(), (x,))).exported_program()
+    if channels == 3:
+        with pytest.raises(ValueError, match=r"\[0\] promises dim order \[0, 2, 3, 4, 1\], and an Edge program's copy ops"):
+            strideguard.prepare_for_aoti(edge)
+        return
+    prepared = strideguard.prepare_for_aoti(edge)
+    prepared.validate()
+    with torch.no_grad():
+        got = prepared.module()(x)
+    for value, order in zip(got, promised_orders(prepared)):
+        assert has_layout(value.shape, value.stride(), order), (value.stride(), order)
+    assert got[0].data_ptr() != got[1].data_ptr()
+
+
 @pytest.mark.parametrize("skip_dim_order", [False, True], ids=["dim-order", "memory-format"])
 def test_an_order_no_edge_copy_writes_is_refused_when_asked_for(skip_dim_order):
     x = torch.randn(2, 3, 4, 4)
