@@ -32,7 +32,10 @@ from typing import Any, Optional, Sequence
 import sympy
 import torch
 from torch.export import ExportedProgram
-from torch._inductor.custom_graph_pass import CustomSchedulerPass
+try:
+    from torch._inductor.custom_graph_pass import CustomSchedulerPass
+except ImportError:  # torch 2.11 (a GPU machine's own) has the hook, a plain callable, not its base class
+    CustomSchedulerPass = object
 from torch._inductor.utils import sympy_product
 
 from . import layout
@@ -380,13 +383,20 @@ def _returned_as_clone(value, constants) -> bool:
 
 
 def _clone_strides(shape: Sequence, strides: Sequence, dtype: torch.dtype) -> tuple:
-    """The strides ``at::clone`` (``preserve_format``) gives a tensor of these strides, asked of torch itself."""
+    """The strides ``at::clone`` (``preserve_format``) gives a tensor of these strides, asked of torch itself.
+
+    Asked of its C++ meta kernel, as the wrapper's ``aoti_torch_clone`` runs it: Inductor lowers with the
+    Python dispatcher on, whose ``clone`` goes through ``empty_like`` and drops a size-one dimension's stride
+    (measured: ``(1,)`` for a ``[1]`` view of stride 3, where the compiled program returns ``(3,)``)."""
+    from torch._dispatch.python import no_python_dispatcher
+
     if any(not isinstance(s, (int, sympy.Integer)) for s in (*shape, *strides)):
         return tuple(strides) if layout.is_non_overlapping_and_dense(shape, strides) else tuple(
             layout.strides_for_order(shape, layout.identity_order(len(shape)))
         )
-    tensor = torch.empty_strided([int(s) for s in shape], [int(s) for s in strides], dtype=dtype, device="meta")
-    return tuple(tensor.clone().stride())
+    with no_python_dispatcher():
+        tensor = torch.empty_strided([int(s) for s in shape], [int(s) for s in strides], dtype=dtype, device="meta")
+        return tuple(tensor.clone().stride())
 
 
 def _plain(values: Sequence) -> tuple:

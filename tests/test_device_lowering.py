@@ -47,7 +47,7 @@ class ExecuTorchSdpaCases(nn.Module):
         plain = F.scaled_dot_product_attention(q, k, v)
         masked = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         length = k.shape[2]
-        sparse = (torch.arange(length) < length // 2).view(1, 1, 1, length).expand(1, 1, q.shape[2], -1)
+        sparse = (torch.arange(length, device=q.device) < length // 2).view(1, 1, 1, length).expand(1, 1, q.shape[2], -1)
         sparse_masked = F.scaled_dot_product_attention(q, k, v, attn_mask=sparse)
         return plain, masked, sparse_masked, plain * 2.0
 
