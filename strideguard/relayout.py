@@ -22,10 +22,12 @@ def relaid_nodes(
 ) -> set[Node]:
     """Compute nodes whose traced layout Inductor's trace may change, and so what reads them.
 
-    Three things change a node's layout in the graph Inductor traces: a
+    Four things change a node's layout in the graph Inductor traces: a
     view copy made a view hands its users other strides than the copy it
     was; Inductor's own decompositions (a ``cat`` of one non-empty tensor
-    becomes a ``clone`` of it, in its layout); and a channels-last input,
+    becomes a ``clone`` of it, in its layout, and a ``view_copy`` of a
+    tensor that is not contiguous a clone of the view, in the view's
+    layout); and a channels-last input,
     whose layout Inductor carries through copies and concatenations where
     the traced metadata says contiguous (found by ``make fuzz``). An op's result follows its
     inputs' strides (an ``add`` of a transposed view is transposed too), so
@@ -36,7 +38,7 @@ def relaid_nodes(
     """
     computing = [node for node in graph.nodes if node.op == "call_function"]
     changed = {node for node in converted if _relaid(geometry(node), node)}
-    changed |= {node for node in computing if _decomposition_relays(node, op_of(node))}
+    changed |= {node for node in computing if _decomposition_relays(node, op_of(node)) or _clones_a_strided_view(node, op_of(node))}
     changed |= {node for node in graph.find_nodes(op="placeholder") if _channels_last_input(node)}
     relaid: set[Node] = set()
     if not changed:
@@ -72,6 +74,19 @@ def _channels_last_input(node: Node) -> bool:
     if not all(type(v) is int for v in (*value.shape, *value.stride())):
         return not exactly_contiguous
     return inductor.concat_may_go_channels_last([value]) and not exactly_contiguous
+
+
+def _clones_a_strided_view(node: Node, op: Any) -> bool:
+    """A ``view_copy`` whose input is not contiguous: traced contiguous, but Inductor decomposes it into the
+    view and a ``clone`` that keeps the view's layout, and what reads it follows (found by ``make fuzz``: a
+    ``neg`` of a slice of a ``view_copy`` of a channels-last ``_to_dim_order_copy`` came back channels-last).
+    Counted as changed without asking which order the view has: the readers are then left to Inductor."""
+    if aten_op(op) is not torch.ops.aten.view_copy.default or not node.args or not isinstance(node.args[0], Node):
+        return False
+    source = node.args[0].meta.get("val")
+    return isinstance(source, torch.Tensor) and layout.has_layout(
+        source.shape, source.stride(), layout.identity_order(source.dim())
+    ) is not True
 
 
 def _decomposition_relays(node: Node, op: Any) -> bool:

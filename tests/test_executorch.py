@@ -326,3 +326,29 @@ def test_the_installed_executorch_view_table_is_followed(monkeypatch):
     dense = DenseOutputsPass().call(edge).exported_program
     [fixed] = lower_edge_outputs(dense).outputs
     assert fixed.strides == (4, 1)
+
+
+class ReshapedIntegerOfChannelsLast(torch.nn.Module):
+    def forward(self, x):
+        return (x + 1.5).to(torch.int32).reshape(-1, 4, 3, 1, 5).neg()
+
+
+@pytest.mark.lowers
+def test_compute_after_a_view_copy_of_a_channels_last_value_is_copied_as_inductor_lays_it_out():
+    """``to(int32)`` of a channels-last input is a ``_to_dim_order_copy`` into channels-last, and the reshape a
+    ``view_copy`` of it, traced contiguous. Inductor decomposes that ``view_copy`` into the view and a clone
+    in the view's layout, and the ``neg`` reading it follows: the output came back ``(30, 1, 10, 10, 2)``
+    where strideguard predicted it contiguous and copied nothing (found by ``make fuzz``, in a batch whose
+    other part hid it)."""
+    from strideguard.lowering import lower_edge_outputs
+
+    x = torch.randn(3, 4, 3, 5).to(memory_format=torch.channels_last)
+    edge = to_edge(torch.export.export(ReshapedIntegerOfChannelsLast(), (x,))).exported_program()
+    untouched = lower_edge_outputs(edge).outputs[0]
+    assert not has_layout(untouched.shape, untouched.strides, (0, 1, 2, 3, 4)), untouched.strides
+    assert strideguard.inspect(edge).outputs[0].action is Action.COPY
+    prepared = strideguard.prepare_for_aoti(edge)
+    lowered = lower_edge_outputs(prepared).outputs[0]
+    assert has_layout(lowered.shape, lowered.strides, (0, 1, 2, 3, 4)), lowered.strides
+    with torch.no_grad():
+        assert torch.equal(prepared.module()(x), ReshapedIntegerOfChannelsLast()(x))
