@@ -67,9 +67,9 @@ def test_every_kept_failure_compiles_as_the_lowering_says(tmp_path):
     """Every kept failure, whichever oracle found it, compiled with AOTInductor before and after
     ``densify_outputs``: each output as its lowering said, dense after the fix, values unchanged. A weight
     view's size-one stride was found this way (``compiled-clone-of-a-weight-view-keeps-its-size-one-stride``);
-    its own oracle had passed."""
-    specs = [generated.ProgramSpec.from_json(json.loads(path.read_text())["spec"])
-             for path in sorted(generated.REGRESSIONS.glob("*.json"))]
+    its own oracle had passed. A record still open (``xfail``) is left to its own replay."""
+    records = [json.loads(path.read_text()) for path in sorted(generated.REGRESSIONS.glob("*.json"))]
+    specs = [generated.ProgramSpec.from_json(record["spec"]) for record in records if not record.get("xfail")]
     problems = []
     for start in range(0, len(specs), KEPT_COMPILED_BATCH):
         result = generated.check_compiled_sample(specs[start:start + KEPT_COMPILED_BATCH], str(tmp_path / str(start)))

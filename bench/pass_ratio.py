@@ -1,0 +1,72 @@
+"""The two pass ratios of issue 28 on one view-heavy Edge graph: quick, for a change to the pass.
+
+strideguard's drop-in ``ReplaceViewCopyWithViewPass`` and ``prepare_for_aoti``, each over ExecuTorch 1.5.1's
+own ``ReplaceViewCopyWithViewPass`` on the same program, called as ``AotiBackend.preprocess`` calls them
+(``bench/run.py`` does the same at every size, with fewer repeats). Medians of ``--repeats`` calls, in
+``--rounds`` rounds, all in one process so that the ratios share the machine's state:
+
+    .venv/bin/python bench/pass_ratio.py --nodes 2000    # 1,651 Edge nodes
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import strideguard  # noqa: E402
+from bench.synthetic import export_view_heavy  # noqa: E402
+
+
+def median_seconds(function, arguments) -> float:
+    times = []
+    for argument in arguments:
+        gc.collect()
+        started = time.perf_counter()
+        function(argument)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=2000, help="ATen nodes asked of bench/synthetic.py")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    from executorch.backends.aoti.passes.replace_view_copy_with_view import (
+        ReplaceViewCopyWithViewPass as ExecuTorchPass,
+    )
+
+    from strideguard.executorch import ReplaceViewCopyWithViewPass as DropIn
+    from strideguard.testing.executorch_cpu import aoti_edge_program
+
+    edge = aoti_edge_program(export_view_heavy(args.nodes))
+    nodes = len(edge.graph.nodes)
+
+    def fresh(program):
+        copied = copy.copy(program)
+        copied._graph_module = copy.deepcopy(program.graph_module)
+        return copied
+
+    DropIn()(fresh(edge))  # the first calls import and trace once
+    strideguard.prepare_for_aoti(edge)
+    for _ in range(args.rounds):
+        executorch = median_seconds(ExecuTorchPass(), [copy.deepcopy(edge.graph_module) for _ in range(args.repeats)])
+        drop_in = median_seconds(DropIn(), [fresh(edge) for _ in range(args.repeats)])
+        prepare = median_seconds(lambda _: strideguard.prepare_for_aoti(edge), range(args.repeats))
+        print(f"view-heavy, {nodes} Edge nodes: ExecuTorch's pass {executorch * 1e3:.1f} ms; drop-in "
+              f"{drop_in / executorch:.2f} times it, prepare_for_aoti {prepare / executorch:.2f} (medians of "
+              f"{args.repeats})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
