@@ -12,27 +12,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
-import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import strideguard  # noqa: E402
+from bench.run import median_seconds_over  # noqa: E402
 from bench.synthetic import export_view_heavy  # noqa: E402
-
-
-def median_seconds(function, arguments) -> float:
-    times = []
-    for argument in arguments:
-        gc.collect()
-        started = time.perf_counter()
-        function(argument)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main(argv=None) -> None:
@@ -60,9 +48,9 @@ def main(argv=None) -> None:
     DropIn()(fresh(edge))  # the first calls import and trace once
     strideguard.prepare_for_aoti(edge)
     for _ in range(args.rounds):
-        executorch = median_seconds(ExecuTorchPass(), [copy.deepcopy(edge.graph_module) for _ in range(args.repeats)])
-        drop_in = median_seconds(DropIn(), [fresh(edge) for _ in range(args.repeats)])
-        prepare = median_seconds(lambda _: strideguard.prepare_for_aoti(edge), range(args.repeats))
+        executorch = median_seconds_over(ExecuTorchPass(), [copy.deepcopy(edge.graph_module) for _ in range(args.repeats)])
+        drop_in = median_seconds_over(DropIn(), [fresh(edge) for _ in range(args.repeats)])
+        prepare = median_seconds_over(lambda _: strideguard.prepare_for_aoti(edge), range(args.repeats))
         print(f"view-heavy, {nodes} Edge nodes: ExecuTorch's pass {executorch * 1e3:.1f} ms; drop-in "
               f"{drop_in / executorch:.2f} times it, prepare_for_aoti {prepare / executorch:.2f} (medians of "
               f"{args.repeats})", flush=True)

@@ -44,6 +44,17 @@ def median_seconds(function, repeats: int) -> float:
     return statistics.median(times)
 
 
+def median_seconds_over(function, arguments) -> float:
+    """The median time of ``function(argument)`` over ``arguments`` (fresh inputs a pass may consume)."""
+    times = []
+    for argument in arguments:
+        gc.collect()
+        started = time.perf_counter()
+        function(argument)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 def peak_bytes(function) -> int:
     gc.collect()
     tracemalloc.start()
@@ -125,15 +136,6 @@ def executorch_pass_cost(sizes: list[int]) -> list[dict]:
         program._graph_module = copy.deepcopy(edge.graph_module)
         return program
 
-    def timed(function, arguments):
-        times = []
-        for argument in arguments:
-            gc.collect()
-            started = time.perf_counter()
-            function(argument)
-            times.append(time.perf_counter() - started)
-        return statistics.median(times)
-
     rows = []
     for graphs, export in (("blocks", export_blocks), ("view-heavy", export_view_heavy)):
         for size in sizes:
@@ -141,9 +143,9 @@ def executorch_pass_cost(sizes: list[int]) -> list[dict]:
             nodes = len(edge.graph.nodes)
             repeats = 5 if nodes < 20000 else 3
             StrideguardPass()(fresh(edge))  # warm: first calls import and trace once
-            executorch_seconds = timed(ExecuTorchPass(), [copy.deepcopy(edge.graph_module) for _ in range(repeats)])
-            dropin_seconds = timed(StrideguardPass(), [fresh(edge) for _ in range(repeats)])
-            prepare_seconds = timed(lambda _: strideguard.prepare_for_aoti(edge), range(repeats))
+            executorch_seconds = median_seconds_over(ExecuTorchPass(), [copy.deepcopy(edge.graph_module) for _ in range(repeats)])
+            dropin_seconds = median_seconds_over(StrideguardPass(), [fresh(edge) for _ in range(repeats)])
+            prepare_seconds = median_seconds_over(lambda _: strideguard.prepare_for_aoti(edge), range(repeats))
             rows.append({
                 "graphs": graphs,
                 "nodes": nodes,
