@@ -22,12 +22,13 @@ def relaid_nodes(
 ) -> set[Node]:
     """Compute nodes whose traced layout Inductor's trace may change, and so what reads them.
 
-    Four things change a node's layout in the graph Inductor traces: a
+    Five things change a node's layout in the graph Inductor traces: a
     view copy made a view hands its users other strides than the copy it
     was; Inductor's own decompositions (a ``cat`` of one non-empty tensor
     becomes a ``clone`` of it, in its layout, and a ``view_copy`` of a
     tensor that is not contiguous a clone of the view, in the view's
-    layout); and a channels-last input,
+    layout); a pair of views that gives back its input's shape, which
+    Inductor replaces with that input; and a channels-last input,
     whose layout Inductor carries through copies and concatenations where
     the traced metadata says contiguous (found by ``make fuzz``). An op's result follows its
     inputs' strides (an ``add`` of a transposed view is transposed too), so
@@ -37,8 +38,10 @@ def relaid_nodes(
     lay out their result like an input (and remembered per shape).
     """
     computing = [node for node in graph.nodes if node.op == "call_function"]
+    converted = set(converted)
     changed = {node for node in converted if _relaid(geometry(node), node)}
-    changed |= {node for node in computing if _decomposition_relays(node, op_of(node)) or _clones_a_strided_view(node, op_of(node))}
+    changed |= {node for node in computing if _decomposition_relays(node, op_of(node)) or _clones_a_strided_view(node, op_of(node))
+                or _undoes_a_view(node, op_of, lambda n: _strides_as_traced(n, converted, geometry))}
     changed |= {node for node in graph.find_nodes(op="placeholder") if _channels_last_input(node)}
     relaid: set[Node] = set()
     if not changed:
@@ -74,6 +77,36 @@ def _channels_last_input(node: Node) -> bool:
     if not all(type(v) is int for v in (*value.shape, *value.stride())):
         return not exactly_contiguous
     return inductor.concat_may_go_channels_last([value]) and not exactly_contiguous
+
+
+_PLAIN_VIEWS = frozenset({torch.ops.aten.view, torch.ops.aten.view_copy, torch.ops.aten.reshape, torch.ops.aten._unsafe_view})
+"""What reaches Inductor's graph passes as ``aten.view``: a ``reshape`` that can be a view, and an Edge
+program's ``view_copy`` (measured: the pair below is undone in both dialects)."""
+
+
+def _strides_as_traced(node: Node, converted: set[Node], geometry: Callable[[Node], Layout]) -> Optional[tuple]:
+    """``node``'s strides in the graph Inductor traces: a converted view's own, else its traced value's."""
+    if node in converted and isinstance(found := geometry(node), Geometry):
+        return tuple(found.strides)
+    value = node.meta.get("val")
+    return tuple(value.stride()) if isinstance(value, torch.Tensor) else None
+
+
+def _undoes_a_view(node: Node, op_of: Callable[[Node], Any], strides_of: Callable[[Node], Optional[tuple]]) -> bool:
+    """A view of a view that gives back the first one's input shape with other strides (in a size-one
+    dimension, where two views of one shape can differ): Inductor's ``pointless_view_pair`` replaces the
+    pair with that input, and what reads it follows its strides (found by ``make fuzz``: ``to`` of a
+    ``[1, s]`` view of a ``reshape(-1)`` of a step-3 slice came back with the slice's stride ``3*s``)."""
+    first = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+    if first is None or not first.args or not isinstance(first.args[0], Node):
+        return False
+    if not (ops.in_family(op_of(node), _PLAIN_VIEWS) and ops.in_family(op_of(first), _PLAIN_VIEWS)):
+        return False
+    value, source = node.meta.get("val"), first.args[0].meta.get("val")
+    if not (isinstance(value, torch.Tensor) and isinstance(source, torch.Tensor)) or not layout.same_sizes(value.shape, source.shape):
+        return False
+    undone, kept = strides_of(first.args[0]), strides_of(node)
+    return undone is not None and kept is not None and not layout.same_sizes(undone, kept)
 
 
 def _clones_a_strided_view(node: Node, op: Any) -> bool:

@@ -88,3 +88,24 @@ def test_views_of_views_are_predicted_as_inductor_lowers_them(judged):
         assert tuple(record.strides) == tuple(low.strides), f"{name}: predicted {record.strides}, lowered {low.strides}"
         assert (record.action is Action.COPY) == needed, f"{name}: copied {record.action}, needed {needed}"
     assert sealed_seen >= 2 * len(SEALED)
+
+
+class ViewPairBackToAStepSlice(nn.Module):
+    def forward(self, x):
+        return x.view(1, -1)[-2:1:3].reshape(-1).view(1, -1).to(torch.float32).view(1, 1, -1).to(torch.bfloat16)
+
+
+@pytest.mark.lowers
+def test_a_view_pair_inductor_undoes_leaves_the_reader_to_inductor():
+    """``reshape(-1)`` then ``view(1, -1)`` gives back the shape of the step-3 slice they view: Inductor's
+    ``pointless_view_pair`` replaces the pair with the slice, whose size-one stride is three times the
+    traced one, and the ``to`` reading it keeps it, so the output came back ``(18, 6, 1)`` where the traced
+    ``(6, 6, 1)`` was predicted and nothing copied (found by ``make fuzz`` on torch 2.13; torch 2.14 keeps
+    ``(6, 6, 1)`` here, and the copy is then one too many)."""
+    program = torch.export.export(ViewPairBackToAStepSlice(), (torch.randn(6, dtype=torch.float16),))
+    [untouched] = lower_outputs(program).outputs
+    assert untouched.strides in {(18, 6, 1), (6, 6, 1)}
+    [report] = strideguard.inspect(program).outputs
+    assert report.action is Action.COPY
+    [fixed] = lower_outputs(strideguard.densify_outputs(program)).outputs
+    assert fixed.strides == (6, 6, 1)
