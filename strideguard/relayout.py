@@ -7,6 +7,7 @@ the graph Inductor traces; this module finds those somethings.
 from __future__ import annotations
 
 import operator
+from functools import partial
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -39,9 +40,13 @@ def relaid_nodes(
     """
     computing = [node for node in graph.nodes if node.op == "call_function"]
     converted = set(converted)
+    strides_of = partial(_strides_as_traced, converted=converted, geometry=geometry)
     changed = {node for node in converted if _relaid(geometry(node), node)}
-    changed |= {node for node in computing if _decomposition_relays(node, op_of(node)) or _clones_a_strided_view(node, op_of(node))
-                or _undoes_a_view(node, op_of, lambda n: _strides_as_traced(n, converted, geometry))}
+    changed |= {
+        node for node in computing
+        if _decomposition_relays(node, op_of(node)) or _clones_a_strided_view(node, op_of(node))
+        or _undoes_a_view(node, op_of, strides_of)
+    }
     changed |= {node for node in graph.find_nodes(op="placeholder") if _channels_last_input(node)}
     relaid: set[Node] = set()
     if not changed:
@@ -79,11 +84,6 @@ def _channels_last_input(node: Node) -> bool:
     return inductor.concat_may_go_channels_last([value]) and not exactly_contiguous
 
 
-_PLAIN_VIEWS = frozenset({torch.ops.aten.view, torch.ops.aten.view_copy, torch.ops.aten.reshape, torch.ops.aten._unsafe_view})
-"""What reaches Inductor's graph passes as ``aten.view``: a ``reshape`` that can be a view, and an Edge
-program's ``view_copy`` (measured: the pair below is undone in both dialects)."""
-
-
 def _strides_as_traced(node: Node, converted: set[Node], geometry: Callable[[Node], Layout]) -> Optional[tuple]:
     """``node``'s strides in the graph Inductor traces: a converted view's own, else its traced value's."""
     if node in converted and isinstance(found := geometry(node), Geometry):
@@ -100,7 +100,9 @@ def _undoes_a_view(node: Node, op_of: Callable[[Node], Any], strides_of: Callabl
     first = node.args[0] if node.args and isinstance(node.args[0], Node) else None
     if first is None or not first.args or not isinstance(first.args[0], Node):
         return False
-    if not (ops.in_family(op_of(node), _PLAIN_VIEWS) and ops.in_family(op_of(first), _PLAIN_VIEWS)):
+    # Each reaches Inductor's graph passes as ``aten.view``, an Edge ``view_copy`` too (its lowering of the
+    # found program returned the slice's ``3*s`` as well).
+    if not (ops.in_family(op_of(node), ops.RESHAPES) and ops.in_family(op_of(first), ops.RESHAPES)):
         return False
     value, source = node.meta.get("val"), first.args[0].meta.get("val")
     if not (isinstance(value, torch.Tensor) and isinstance(source, torch.Tensor)) or not layout.same_sizes(value.shape, source.shape):
