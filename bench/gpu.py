@@ -43,6 +43,7 @@ from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
 import strideguard
+from bench.aoti_loader import install_from_environment
 from strideguard.cuda_graphs import WARMUP_CALLS, CudaGraphs, EmulatedGraphs, GraphedMethod, promised_dim_orders
 from strideguard.examples import export_decode_step, export_policy
 
@@ -286,12 +287,14 @@ def environment(device: str) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
+        "aoti_loader": install_from_environment(),
     }
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse(argv)
     quiet()
+    print(f"bench/gpu.py: AOTInductor packages load through torch's {install_from_environment()} loader", flush=True)
     if not args.rehearse_on_cpu and not torch.cuda.is_available():
         reason = f"no CUDA device (torch {torch.__version__}, built with CUDA {torch.version.cuda})"
         write(args.out, {"skipped": True, "reason": reason, "torch": torch.__version__, "python": platform.python_version()})

@@ -39,6 +39,7 @@ from strideguard import layout  # noqa: E402
 from strideguard.lowering import lower_outputs  # noqa: E402
 from strideguard.targets import CPU, Target  # noqa: E402
 from strideguard.verification import compile_program  # noqa: E402
+from bench.aoti_loader import install_from_environment  # noqa: E402
 from bench.gpu_oracle import lower_on_this_torch  # noqa: E402
 from tests import generated  # noqa: E402
 from tests.generated import ProgramSpec  # noqa: E402
@@ -126,6 +127,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rehearse-on-cpu", action="store_true")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
+    print(f"gpu_generated: AOTInductor packages load through torch's {install_from_environment()} loader", flush=True)
     if args.rehearse_on_cpu:
         device, target = "cpu", CPU
     elif torch.cuda.is_available():

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import strideguard  # noqa: E402
+from bench.aoti_loader import install_from_environment  # noqa: E402
 from strideguard import fake_device  # noqa: E402
 from strideguard.lowering import lower_outputs  # noqa: E402
 from strideguard.targets import Target  # noqa: E402
@@ -59,6 +60,7 @@ def write(capability, mismatches, rows, complete=False) -> None:
 
 
 def main() -> int:
+    print(f"gpu_oracle: AOTInductor packages load through torch's {install_from_environment()} loader", flush=True)
     if not torch.cuda.is_available():
         print("gpu_oracle: no CUDA device; nothing compared")
         OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -73,6 +74,25 @@ def test_unfixed_program_really_returns_strided_outputs(every_output, every_outp
     assert compiled[index("slice_last")].stride() == (48, 16, 1)
     assert compiled[index("split_1")].storage_offset() == 10
     assert compiled[index("transpose")].stride() == (48, 1, 16)
+
+
+def test_the_gpu_scripts_runner_loader_returns_what_torchs_package_loader_returns(every_output_compiled, compile_dir):
+    """bench/aoti_loader.py loads a package through torch's container runner where the package loader
+    crashes (a GPU image); it must hand back the same outputs, strides and storage offsets included."""
+    from bench.aoti_loader import RunnerModel
+
+    inputs = programs.every_output_inputs(2)
+    expected = run_compiled(every_output_compiled, inputs)
+    with torch.no_grad():
+        loaded = torch.utils._pytree.tree_leaves(
+            RunnerModel(os.path.join(compile_dir, "every-output", "program.pt2"))(*inputs), is_leaf=lambda x: x is None)
+    assert len(loaded) == len(expected)
+    for name, got, want in zip(OUTPUT_NAMES, loaded, expected):
+        if isinstance(want, torch.Tensor):
+            assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset()), name
+            assert torch.equal(got, want), name
+        else:
+            assert got == want, name
 
 
 def test_causes_name_the_view_chain(every_output):
