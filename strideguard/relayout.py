@@ -15,6 +15,7 @@ from torch.fx import Node
 
 from . import inductor, layout, ops
 from .dialect import aten_op, is_view_op
+from .program import copy_form_of
 from .replay import Geometry, Layout
 
 
@@ -34,9 +35,11 @@ def relaid_nodes(
     the traced metadata says contiguous (found by ``make fuzz``). An op's result follows its
     inputs' strides (an ``add`` of a transposed view is transposed too), so
     everything computed from such a node may be laid out otherwise than its
-    metadata says. Found in one pass over the graph, from geometries, with
-    a decomposition traced only for the few ops whose decomposition can
-    lay out their result like an input (and remembered per shape).
+    metadata says, up to a GEMM or a copy told its layout (and past that copy
+    where its result has a size-one dimension, whose stride it may keep).
+    Found in one pass over the graph, from geometries, with a decomposition
+    traced only for the few ops whose decomposition can lay out their result
+    like an input (and remembered per shape).
     """
     computing = [node for node in graph.nodes if node.op == "call_function"]
     converted = set(converted)
@@ -55,7 +58,7 @@ def relaid_nodes(
         if node in changed or not any(n in changed or n in relaid for n in node.all_input_nodes):
             continue
         op = op_of(node)
-        if _lays_out_its_own_result(node, op):
+        if _lays_out_its_own_result(node, op) and not _may_keep_a_size_one_stride(node, op):
             continue
         if node.target is operator.getitem or (is_view_op(op) and not _converts_dtype(node)):
             changed.add(node)
@@ -156,6 +159,21 @@ def _relaid(geometry: Layout, node: Node) -> bool:
         or layout.same_order(g.shape, g.strides, o.stride())
         for g, o in zip(new, old)
     )
+
+
+def _may_keep_a_size_one_stride(node: Node, target: Any) -> bool:
+    """A copy told its layout whose result has a dimension of size one, where the copy may keep what it
+    reads: Inductor compares only the strides that matter, and a size-one dimension's does not (found by
+    ``make fuzz``: on the Edge path, ``_to_dim_order_copy(dim_order=[0, 1, 2])`` of a re-laid ``[1, 1, s]``
+    came back with its input's ``3*s`` in the leading dimension). strideguard's own output copies are
+    not among them: what they return is proven by the lowering and the compile (``tests/test_proven.py``)."""
+    if copy_form_of(node) is not None:
+        return False
+    op = aten_op(target)
+    if not isinstance(op, torch._ops.OpOverload) or _layout_argument(op) is None:
+        return False
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and layout.has_size_one_dim(value.shape)
 
 
 def _layout_argument(op: torch._ops.OpOverload) -> Optional[str]:

@@ -38,7 +38,7 @@ from . import costly, hostile, tiers
 
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 BUDGET_SECONDS = 30.0
-VERIFY_TIMEOUT = 5
+VERIFY_TIMEOUT = 2
 BUDGET_BYTES = 1 << 30
 PROMISED_NODES = 5_000
 PER_NODE_SECONDS = 0.004
