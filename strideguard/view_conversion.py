@@ -267,23 +267,26 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
     An elementwise op follows its input's dimension order, so its result would
     change layout where the analysis does not look; a matmul on a transposed
     operand takes another BLAS path and may differ in the last bit, and a
-    convolution of a view with gaps, in the same order, may too. Such a
-    copy stays a copy: it is the one layout change the program asked for.
+    convolution of a view with gaps, in the same order, may too; so may a
+    matmul of a view that starts inside its base rather than at its start,
+    with the same strides as the copy (another alignment). Such a copy stays
+    a copy: it is the one layout change the program asked for.
     """
     computing = _computing_readers(node, conversion)
-    if not computing:  # both answers below need compute reading the view
+    if not computing:  # every answer below needs compute reading the view
         return False
     original = node.meta.get("val")
     new = candidate if isinstance(candidate, list) else [candidate]
     old = list(original) if isinstance(original, (list, tuple)) else [original]
     pairs = [(g, strides) for g, o in zip(new, old) if isinstance(o, torch.Tensor)
              for strides in [tuple(o.stride())] if not layout.same_sizes(g.strides, strides)]
-    if not pairs:
-        return False
     if any(layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(g.shape, strides) for g, strides in pairs):
         return True
-    # the strides changed for some pair (else none would be left), in the same order
-    return any(_picks_its_algorithm_by_layout(conversion.op_of(u)) for u in computing)
+    if pairs and any(_picks_its_algorithm_by_layout(conversion.op_of(u)) for u in computing):
+        return True
+    # the same order: only a matmul's alignment is left to differ
+    offset = any(isinstance(g, Geometry) and not layout.same_sizes((g.offset,), (0,)) for g in new)
+    return offset and any(ops.in_family(conversion.op_of(u), ops.GEMMS) for u in computing)
 
 
 def _computing_readers(node: Node, conversion: ViewConversion) -> list[Node]:
@@ -307,7 +310,10 @@ def _picks_its_algorithm_by_layout(op: Any) -> bool:
     """Kernels that choose their algorithm by their input's strides, so that a strided view of the same
     elements may round differently from the dense copy (found by ``make fuzz``: a convolution of a slice
     of a channels-last input differs from that of its ``slice_copy`` by one float32 ulp). GEMMs take a view
-    with gaps as it is (a leading dimension), bitwise as its copy: checked by every generated program."""
+    with gaps as it is (a leading dimension), bitwise as its copy: checked by every generated program; but
+    not one that starts elsewhere in memory (``_reorders_for_compute``; found by ``make fuzz``: a
+    ``linear`` of ``select(0, -2)`` of a linear's output, its copy's strides exactly, differed in the last
+    bit from the ``linear`` of the ``select_copy``)."""
     return ops.in_family(op, ops.CONVOLUTIONS)
 
 

@@ -16,7 +16,7 @@ what AOTInductor and ExecuTorch's AOTI path really return (``make zoo``).
 from __future__ import annotations
 
 import contextlib
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -30,7 +30,7 @@ from strideguard.dialect import target_dim_orders
 from strideguard.lowering import lower_edge_outputs, lower_outputs
 
 from . import programs, robots
-from .generated import unread_computations
+from .generated import computations_left_unread
 
 VOCABULARY = 128
 LLM = dict(
@@ -559,7 +559,7 @@ def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directo
     return PushdownJudgement(
         model=model.name, path=path, pushed=pushed, saved=saved, flops_before=graph_flops(original.graph),
         flops_after=graph_flops(fixed.graph), after=strided, max_error=error, source=source,
-        left_unread=sorted((Counter(unread_computations(fixed.graph)) - Counter(unread_computations(original.graph))).elements()),
+        left_unread=computations_left_unread(original.graph, fixed.graph),
     )
 
 
