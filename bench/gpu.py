@@ -43,7 +43,7 @@ from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
 import strideguard
-from bench.aoti_loader import install_from_environment
+from bench.aoti_loader import LOADER_VARIABLE, install_from_environment
 from strideguard.cuda_graphs import WARMUP_CALLS, CudaGraphs, EmulatedGraphs, GraphedMethod, promised_dim_orders
 from strideguard.examples import export_decode_step, export_policy
 
@@ -287,7 +287,7 @@ def environment(device: str) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "aoti_loader": install_from_environment(),
+        "aoti_loader": os.environ.get(LOADER_VARIABLE, "package"),
     }
 
 

@@ -61,7 +61,9 @@ def load_and_run(package: str, device: str) -> None:
 
 def compilers_libstdcxx() -> str | None:
     """The libstdc++ the C++ compiler Inductor uses links against, where it names one."""
-    compiler = os.environ.get("CXX", "g++")
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    compiler = get_cpp_compiler()
     try:
         found = subprocess.run([compiler, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True,
                                timeout=30).stdout.strip()

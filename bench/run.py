@@ -35,13 +35,7 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def median_seconds(function, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        gc.collect()
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return median_seconds_over(lambda _: function(), range(repeats))
 
 
 def median_seconds_over(function, arguments) -> float:

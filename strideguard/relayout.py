@@ -46,9 +46,8 @@ def relaid_nodes(
     strides_of = partial(_strides_as_traced, converted=converted, geometry=geometry)
     changed = {node for node in converted if _relaid(geometry(node), node)}
     changed |= {
-        node for node in computing
-        if _decomposition_relays(node, op_of(node)) or _clones_a_strided_view(node, op_of(node))
-        or _undoes_a_view(node, op_of, strides_of)
+        node for node, op in ((node, op_of(node)) for node in computing)
+        if _decomposition_relays(node, op) or _clones_a_strided_view(node, op) or _undoes_a_view(node, op, op_of, strides_of)
     }
     changed |= {node for node in graph.find_nodes(op="placeholder") if _channels_last_input(node)}
     relaid: set[Node] = set()
@@ -58,7 +57,7 @@ def relaid_nodes(
         if node in changed or not any(n in changed or n in relaid for n in node.all_input_nodes):
             continue
         op = op_of(node)
-        if _lays_out_its_own_result(node, op) and not _may_keep_a_size_one_stride(node, op):
+        if _lays_out_its_own_result(node, op):
             continue
         if node.target is operator.getitem or (is_view_op(op) and not _converts_dtype(node)):
             changed.add(node)
@@ -95,17 +94,19 @@ def _strides_as_traced(node: Node, converted: set[Node], geometry: Callable[[Nod
     return tuple(value.stride()) if isinstance(value, torch.Tensor) else None
 
 
-def _undoes_a_view(node: Node, op_of: Callable[[Node], Any], strides_of: Callable[[Node], Optional[tuple]]) -> bool:
+def _undoes_a_view(
+    node: Node, op: Any, op_of: Callable[[Node], Any], strides_of: Callable[[Node], Optional[tuple]]
+) -> bool:
     """A view of a view that gives back the first one's input shape with other strides (in a size-one
     dimension, where two views of one shape can differ): Inductor's ``pointless_view_pair`` replaces the
     pair with that input, and what reads it follows its strides (found by ``make fuzz``: ``to`` of a
     ``[1, s]`` view of a ``reshape(-1)`` of a step-3 slice came back with the slice's stride ``3*s``)."""
+    # Each reaches Inductor's graph passes as ``aten.view``, an Edge ``view_copy`` too (its lowering of the
+    # found program returned the slice's ``3*s`` as well).
     first = node.args[0] if node.args and isinstance(node.args[0], Node) else None
     if first is None or not first.args or not isinstance(first.args[0], Node):
         return False
-    # Each reaches Inductor's graph passes as ``aten.view``, an Edge ``view_copy`` too (its lowering of the
-    # found program returned the slice's ``3*s`` as well).
-    if not (ops.in_family(op_of(node), ops.RESHAPES) and ops.in_family(op_of(first), ops.RESHAPES)):
+    if not (ops.in_family(op, ops.RESHAPES) and ops.in_family(op_of(first), ops.RESHAPES)):
         return False
     value, source = node.meta.get("val"), first.args[0].meta.get("val")
     if not (isinstance(value, torch.Tensor) and isinstance(source, torch.Tensor)) or not layout.same_sizes(value.shape, source.shape):
@@ -161,21 +162,6 @@ def _relaid(geometry: Layout, node: Node) -> bool:
     )
 
 
-def _may_keep_a_size_one_stride(node: Node, target: Any) -> bool:
-    """A copy told its layout whose result has a dimension of size one, where the copy may keep what it
-    reads: Inductor compares only the strides that matter, and a size-one dimension's does not (found by
-    ``make fuzz``: on the Edge path, ``_to_dim_order_copy(dim_order=[0, 1, 2])`` of a re-laid ``[1, 1, s]``
-    came back with its input's ``3*s`` in the leading dimension). strideguard's own output copies are
-    not among them: what they return is proven by the lowering and the compile (``tests/test_proven.py``)."""
-    if copy_form_of(node) is not None:
-        return False
-    op = aten_op(target)
-    if not isinstance(op, torch._ops.OpOverload) or _layout_argument(op) is None:
-        return False
-    value = node.meta.get("val")
-    return isinstance(value, torch.Tensor) and layout.has_size_one_dim(value.shape)
-
-
 def _layout_argument(op: torch._ops.OpOverload) -> Optional[str]:
     """The argument telling a copy its result's layout; ``None`` for an op that is not such a copy."""
     if op.overloadpacket in ops.MEMORY_FORMAT_COPIES:
@@ -188,7 +174,7 @@ def _layout_argument(op: torch._ops.OpOverload) -> Optional[str]:
 def _lays_out_its_own_result(node: Node, target: Any) -> bool:
     """Ops whose result's layout does not follow their inputs': GEMMs, and copies told their layout
     (``_clone_dim_order(dim_order=...)``, ``clone(memory_format=contiguous)``, strideguard's own output
-    copies among them). Not view copies: Inductor lowers one as a view and a clone, and may keep the
+    copies among them) where no size-one dimension's stride is left to them. Not view copies: Inductor lowers one as a view and a clone, and may keep the
     view's layout (found by ``make fuzz`` on a channels-last input)."""
     op = aten_op(target)
     if not isinstance(op, torch._ops.OpOverload):
@@ -199,4 +185,12 @@ def _lays_out_its_own_result(node: Node, target: Any) -> bool:
     if argument is None:
         return False
     value = node.kwargs.get(argument)
-    return value is not None and value is not torch.preserve_format
+    if value is None or value is torch.preserve_format:
+        return False
+    # Not where the result has a size-one dimension, unless it is strideguard's own output copy (proven by the
+    # lowering and the compile, tests/test_proven.py): Inductor compares only the strides that matter, and
+    # may keep the one it reads there (found by ``make fuzz``: on the Edge path, ``_to_dim_order_copy(
+    # dim_order=[0, 1, 2])`` of a re-laid ``[1, 1, s]`` came back with its input's ``3*s`` in the leading
+    # dimension).
+    result = node.meta.get("val")
+    return copy_form_of(node) is not None or not (isinstance(result, torch.Tensor) and layout.has_size_one_dim(result.shape))

@@ -282,11 +282,8 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
              for strides in [tuple(o.stride())] if not layout.same_sizes(g.strides, strides)]
     if any(layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(g.shape, strides) for g, strides in pairs):
         return True
-    if pairs and any(_picks_its_algorithm_by_layout(conversion.op_of(u)) for u in computing):
-        return True
-    # the same order: only a matmul's alignment is left to differ
-    offset = any(isinstance(g, Geometry) and not layout.same_sizes((g.offset,), (0,)) for g in new)
-    return offset and any(ops.in_family(conversion.op_of(u), ops.GEMMS) for u in computing)
+    starts_inside = any(isinstance(g, Geometry) and not layout.same_sizes((g.offset,), (0,)) for g in new)
+    return any(_rounds_otherwise(conversion.op_of(u), gaps=bool(pairs), starts_inside=starts_inside) for u in computing)
 
 
 def _computing_readers(node: Node, conversion: ViewConversion) -> list[Node]:
@@ -306,15 +303,18 @@ def _computing_readers(node: Node, conversion: ViewConversion) -> list[Node]:
     return found
 
 
-def _picks_its_algorithm_by_layout(op: Any) -> bool:
-    """Kernels that choose their algorithm by their input's strides, so that a strided view of the same
-    elements may round differently from the dense copy (found by ``make fuzz``: a convolution of a slice
-    of a channels-last input differs from that of its ``slice_copy`` by one float32 ulp). GEMMs take a view
-    with gaps as it is (a leading dimension), bitwise as its copy: checked by every generated program; but
-    not one that starts elsewhere in memory (``_reorders_for_compute``; found by ``make fuzz``: a
-    ``linear`` of ``select(0, -2)`` of a linear's output, its copy's strides exactly, differed in the last
-    bit from the ``linear`` of the ``select_copy``)."""
-    return ops.in_family(op, ops.CONVOLUTIONS)
+def _rounds_otherwise(op: Any, *, gaps: bool, starts_inside: bool) -> bool:
+    """Whether a reader of a view, in the copy's dimension order, may round otherwise than of the dense copy.
+
+    A convolution chooses its algorithm by its input's strides (found by ``make fuzz``: of a slice of a
+    channels-last input it differs from that of its ``slice_copy`` by one float32 ulp). A GEMM takes a view
+    with gaps as it is (a leading dimension), bitwise as its copy (checked by every generated program), but
+    not one that starts inside its base: another alignment (found by ``make fuzz``: a ``linear`` of
+    ``select(0, -2)`` of a linear's output, the copy's strides exactly, differed in the last bit).
+    """
+    if ops.in_family(op, ops.CONVOLUTIONS):
+        return gaps
+    return starts_inside and ops.in_family(op, ops.GEMMS)
 
 
 def _conversion_pays(node: Node, candidate: Layout, pieces: list[Node], taken: set) -> bool:

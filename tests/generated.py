@@ -1316,7 +1316,7 @@ def _export_and_lower(specs: Sequence[ProgramSpec]) -> ExportedProgram:
     return program
 
 
-def unread_computations(graph: torch.fx.Graph) -> dict[str, str]:
+def _unread_computations(graph: torch.fx.Graph) -> dict[str, str]:
     """The computing nodes whose results reach no output, by name, each as ``target(shape)`` (type checks,
     which compute nothing, aside)."""
     reaching, pending = set(), list(graph.find_nodes(op="output"))
@@ -1335,8 +1335,8 @@ def computations_left_unread(original: torch.fx.Graph, rewritten: torch.fx.Graph
     By node name, so that a node the original already left unread is not counted again once the rewrite
     made it a view (found by ``make fuzz``: an unread ``view_copy`` chain in front of an unread ``sdpa``,
     which ``to_edge`` keeps, made views)."""
-    before = unread_computations(original)
-    return sorted(what for name, what in unread_computations(rewritten).items() if name not in before)
+    before = _unread_computations(original)
+    return sorted(what for name, what in _unread_computations(rewritten).items() if name not in before)
 
 
 def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> Sample:
@@ -1377,7 +1377,7 @@ def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> S
         check_is_sound_rewrite(original, fixed, before_snapshot)
         left = computations_left_unread(original.graph, fixed.graph)
         if left:
-            problems += [(part, f"{name}: pushdown left nodes that feed nothing: {sorted(left)}") for part in range(len(specs))]
+            problems += [(part, f"{name}: pushdown left nodes that feed nothing: {left}") for part in range(len(specs))]
         for inputs in sets if name == "ATen" or keeps_dynamic_batch(original) else sets[:1]:
             for index, (want, got) in enumerate(zip(run(original, inputs), run(fixed, inputs))):
                 if isinstance(want, torch.Tensor):
