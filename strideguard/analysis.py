@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional
+from typing import Any, Container, Mapping, Optional
 
 import torch
 from torch.export.graph_signature import ExportGraphSignature
@@ -241,7 +241,7 @@ def analyze_outputs(
     values: Values = meta_value,
     op_of: Ops = own_op,
     target_orders: Optional[Mapping[int, tuple[int, ...]]] = None,
-    relaid: frozenset = frozenset(),
+    relaid: Container[Node] = frozenset(),
     names: Optional[list[str]] = None,
 ) -> list[OutputFacts]:
     """Facts for each user output of ``graph``.
@@ -253,7 +253,7 @@ def analyze_outputs(
     ``names`` each output's name in the user's words (``naming.output_names``; positional without).
     """
     returned = frozenset(v for v in output_values(graph) if isinstance(v, Node))
-    compilation = Compilation(values, op_of, returned, frozenset(relaid))
+    compilation = Compilation(values, op_of, returned, relaid)
     return OutputAnalysis(graph, signature, compilation, names).facts(target_orders or {})
 
 

@@ -11,10 +11,9 @@ the strides as traced, the other layouts Inductor may choose (or
 
 from __future__ import annotations
 
-import contextlib
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Container, Optional, Union
 
 import torch
 from torch.fx import Node
@@ -22,7 +21,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import inductor, layout, ops
 from .dialect import aten_op, op_name
-from .fake_values import call_on_fake_values
+from .fake_values import call_on_fake_values, fresh_strided
 from .records import Alias, AliasKind
 from .replay import Geometry, Layout, view_geometry
 
@@ -43,7 +42,8 @@ class Compilation:
     values: Values
     op_of: Ops
     returned: frozenset
-    relaid: frozenset
+    relaid: Container[Node]
+    """Asked ``node in relaid`` of the nodes outputs view (``relayout.RelaidNodes``)."""
 
 
 @dataclass(frozen=True)
@@ -298,10 +298,7 @@ def _contiguous(value: torch.Tensor) -> tuple:
 
 def _restrided(value: torch.Tensor, strides: tuple) -> torch.Tensor:
     """A fake tensor like ``value`` with other strides (the base as Inductor's decompositions lay it out)."""
-    from torch._guards import detect_fake_mode
-
-    with detect_fake_mode([value]) or contextlib.nullcontext():
-        return torch.empty_strided(value.shape, strides, dtype=value.dtype, device=value.device)
+    return fresh_strided(value, tuple(value.shape), tuple(strides))
 
 
 def _replayed_over(

@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx import Node
 from torch.utils import _pytree as pytree
@@ -73,12 +74,42 @@ def fresh_like(value: torch.Tensor) -> torch.Tensor:
 def fresh_strided(like: torch.Tensor, shape: tuple, strides: tuple) -> torch.Tensor:
     """A new fake tensor of ``shape`` and ``strides`` with ``like``'s dtype and device, in memory of its own:
     what a copy into a dense layout gives, without a dispatch where every size is static."""
-    fake_mode = detect_fake_mode([like])
+    fake_mode = like.fake_mode if isinstance(like, FakeTensor) else detect_fake_mode([like])
     if fake_mode is None or not all(type(v) is int for v in (*shape, *strides)):
         with fake_mode or contextlib.nullcontext():
             return torch.empty_strided(shape, strides, dtype=like.dtype, device=like.device)
     meta = torch.empty_strided(shape, strides, dtype=like.dtype, device="meta")
     return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, like.device)
+
+
+def view_of_memory(memory: torch.Tensor, shape: tuple, strides: tuple, offset: Any) -> torch.Tensor:
+    """A view of ``memory``'s storage with this geometry: what ``as_strided`` gives. For a fake tensor of
+    static layout and a static geometry, its meta kernel's result wrapped as a fake tensor, without a fake dispatch (25 against
+    90 us, measured; an analysis takes one per returned view) and with no view chain held; anything else
+    is dispatched."""
+    fake_mode = getattr(memory, "fake_mode", None)
+    if isinstance(memory, FakeTensor) and _static(shape, strides, offset) and _static_memory(memory):
+        with torch._C._DisableTorchDispatch():
+            meta = torch.ops.aten.as_strided.default(memory, shape, strides, offset)
+        return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, memory.device)
+    with detect_fake_mode([memory]) or contextlib.nullcontext():
+        return torch.ops.aten.as_strided.default(memory if memory._base is None else memory._base, shape, strides, offset)
+
+
+def _static(*sizes: Any) -> bool:
+    return all(type(v) is int for group in sizes for v in (group if isinstance(group, (tuple, list, torch.Size)) else (group,)))
+
+
+def _static_memory(memory: torch.Tensor) -> bool:
+    """Whether the meta kernel reads only plain integers of ``memory``: its sizes, strides, offset and its
+    storage's size. Anything symbolic it would guard on, specializing the program (found by the tests: a
+    view of a batch-``s77`` input made ``s77`` 2), or refuse."""
+    if not _static(memory.shape, memory.stride()):
+        return False
+    try:
+        return _static(memory.storage_offset(), memory.untyped_storage().nbytes())
+    except RuntimeError:  # a tensor whose layout policy is symbolic refuses to give its offset
+        return False
 
 
 def storage_key(value: Any) -> Optional[int]:

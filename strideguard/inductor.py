@@ -131,10 +131,10 @@ def _described(flat: list) -> Optional[tuple]:
     items = []
     for item in flat:
         if isinstance(item, torch.Tensor):
-            described = (tuple(item.shape), tuple(item.stride()), item.storage_offset(), item.dtype, item.device.type)
-            if not all(type(v) is int for v in (*described[0], *described[1], described[2])):
+            shape, strides, offset = tuple(item.shape), item.stride(), item.storage_offset()
+            if type(offset) is not int or not all(type(v) is int for v in shape) or not all(type(v) is int for v in strides):
                 return None
-            items.append(described)
+            items.append((shape, strides, offset, item.dtype, item.device.type))
         elif isinstance(item, (int, float, bool, str, type(None), torch.dtype, torch.memory_format, torch.device)):
             items.append((type(item), item))
         else:

@@ -9,6 +9,7 @@ a dynamic batch dimension is judged for every size it may take.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -80,9 +81,15 @@ def _dense_in_order(shape, strides, dim_order, *, literal: bool) -> Decision:
 
 def same_sizes(first: Sequence[Size], second: Sequence[Size]) -> bool:
     """Whether two size or stride tuples are provably equal, without adding a guard."""
-    return len(first) == len(second) and all(
-        a == b if type(a) is int and type(b) is int else _known(a == b) for a, b in zip(first, second)
-    )
+    if len(first) != len(second):
+        return False
+    for a, b in zip(first, second):  # a loop, not all() of a generator: asked tens of thousands of times a plan
+        if type(a) is int and type(b) is int:
+            if a != b:
+                return False
+        elif not _known(a == b):
+            return False
+    return True
 
 
 def has_size_one_dim(shape: Sequence[Size]) -> bool:
@@ -95,6 +102,10 @@ def same_order(shape: Sequence[Size], first: Sequence[Size], second: Sequence[Si
     smaller), provably; the layout an elementwise op gives its result depends on nothing else."""
     if len(first) != len(second) or len(first) != len(shape):
         return False
+    try:
+        return _pairwise_order(tuple(first)) == _pairwise_order(tuple(second))
+    except (_Symbolic, TypeError):  # a symbolic stride: unhashable, or not static
+        pass
 
     def relation(strides, i, j) -> Optional[int]:
         a, b = strides[i], strides[j]
@@ -133,8 +144,11 @@ def dim_order_of(shape: Sequence[Size], strides: Sequence[Size]) -> Optional[tup
     This is the order ExecuTorch writes for a tensor: stable sort by decreasing
     stride. ``None`` when symbolic strides cannot be compared.
     """
-    if all(type(s) is int for s in strides):
-        return tuple(sorted(range(len(shape)), key=lambda d: -strides[d]))
+    if len(strides) == len(shape):
+        try:
+            return _order_of_static_strides(tuple(strides))
+        except (_Symbolic, TypeError):  # a symbolic stride: unhashable, or not static
+            pass
     dims = list(range(len(shape)))
     try:
         concrete = [_concrete(s) for s in strides]
@@ -143,6 +157,24 @@ def dim_order_of(shape: Sequence[Size], strides: Sequence[Size]) -> Optional[tup
             return tuple(dims)
         return None
     return tuple(sorted(dims, key=lambda d: -concrete[d]))
+
+
+@lru_cache(maxsize=4096)
+def _pairwise_order(strides: tuple[int, ...]) -> tuple[int, ...]:
+    """How each pair of static strides compares (1 greater, 0 equal, -1 smaller), remembered."""
+    if not all(type(s) is int for s in strides):
+        raise _Symbolic
+    return tuple(
+        (a > b) - (a < b) for i, a in enumerate(strides) for b in strides[i + 1:]
+    )
+
+
+@lru_cache(maxsize=4096)
+def _order_of_static_strides(strides: tuple[int, ...]) -> tuple[int, ...]:
+    """Remembered: a model asks it of the same few stride tuples thousands of times per plan."""
+    if not all(type(s) is int for s in strides):
+        raise _Symbolic
+    return tuple(sorted(range(len(strides)), key=lambda d: -strides[d]))
 
 
 class _Symbolic(Exception):

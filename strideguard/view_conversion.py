@@ -24,6 +24,7 @@ that would hand compute its elements in another dimension order stays a copy.
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -35,7 +36,7 @@ from . import layout, ops
 from .dialect import aten_op, is_higher_order, is_view_op, promised_dim_order, view_twin
 from .fake_values import call_on_fake_values, storage_key
 from .program import output_values
-from .relayout import relaid_nodes
+from .relayout import RelaidNodes
 from .replay import Geometry, Layout, Replay, view_geometry
 
 
@@ -74,13 +75,11 @@ def backend_conversions(
     what: asked of that pass's own table and its own test for users that block a conversion, so a newer
     ExecuTorch that converts more is followed. With ``scope``, users out of scope do not block (they read a
     partition's output). An ExecuTorch whose pass no longer has them is asked by running it on a copy."""
-    from executorch.backends.aoti.passes import replace_view_copy_with_view as installed
-
-    view_pass = installed.ReplaceViewCopyWithViewPass()
+    installed, view_pass = _installed_view_pass()
     table = getattr(installed, "_VIEW_TARGETS", None)
     blocking = getattr(view_pass, "_has_blocking_user", None)
     if not isinstance(table, dict) or blocking is None:
-        return _conversions_by_running(graph, view_pass, scope)
+        return _conversions_by_running(graph, installed.ReplaceViewCopyWithViewPass(), scope)
     conversions = {}
     for node in graph.nodes:
         if node.op == "call_function" and node.target in table and (scope is None or scope(node)):
@@ -88,6 +87,15 @@ def backend_conversions(
             if not blocking(node, users):
                 conversions[node] = table[node.target]
     return conversions
+
+
+@functools.lru_cache(maxsize=None)
+def _installed_view_pass() -> tuple[Any, Any]:
+    """The installed ExecuTorch's view pass module, and one instance of its pass, asked only for its test
+    of blocking users: built once, as building an ``ExportPass`` builds a module (a fifth of a small plan)."""
+    from executorch.backends.aoti.passes import replace_view_copy_with_view as installed
+
+    return installed, installed.ReplaceViewCopyWithViewPass()
 
 
 def _conversions_by_running(graph: torch.fx.Graph, view_pass: Any, scope) -> dict[Node, Any]:
@@ -132,10 +140,10 @@ class ViewConversion:
     def geometry(self, node: Node) -> Layout:
         return self.replay.geometry(node)
 
-    def relaid(self) -> set[Node]:
+    def relaid(self) -> RelaidNodes:
         """Compute nodes whose traced layout Inductor's trace may change, and so what reads them
-        (``strideguard.relayout``)."""
-        return relaid_nodes(self.graph, [*self.targets, *self.later], self.geometry, self.op_of)
+        (``strideguard.relayout``), decided as asked."""
+        return RelaidNodes([*self.targets, *self.later], self.geometry, self.op_of)
 
 
 def plan_view_conversion(
@@ -155,7 +163,7 @@ def plan_view_conversion(
     conversion = ViewConversion(graph, policy)
     if policy.backend:
         conversion.later.update(backend_conversions(graph, scope=scope))
-    returned = set(_returned_nodes(graph))
+    returned = dict.fromkeys(_returned_nodes(graph))
     placeholder_storages = {
         storage_key(n.meta.get("val")) for n in graph.find_nodes(op="placeholder") if "val" in n.meta
     }
@@ -166,27 +174,33 @@ def plan_view_conversion(
             return set()
         return {g.storage for g in map(conversion.geometry, pieces) if isinstance(g, Geometry)}
 
+    pieces_of: dict[Node, list[Node]] = {node: [node] for node in returned}
+    """What each node returns: itself, and the chunks of it that are returned."""
+    for piece in returned:
+        if piece.target is operator.getitem and isinstance(piece.args[0], Node):
+            pieces_of.setdefault(piece.args[0], []).append(piece)
+    converts_more = policy.extra != frozenset()
+    admitted: dict[Any, bool] = {}
+
     for node in graph.nodes:
         if node.op != "call_function":
             continue
-        pieces = [node] if node in returned else []
-        if returned:
-            pieces += [u for u in node.users if u in returned and u.target is operator.getitem]
+        pieces = pieces_of.get(node, [])
         if node in conversion.later:
             # Converted in preprocess whatever happens here; converting it now too, where the
             # verifier takes the view, keeps the program what the backend will compile.
             view_op = conversion.later[node]
             if (
-                policy.extra != frozenset()
+                converts_more
                 and (accepts is None or accepts(view_op))
-                and not (policy.careful and _reorders_for_compute(node, conversion.geometry(node), conversion))
                 and not _blocks_a_later_conversion(node, conversion)
+                and not (policy.careful and _reorders_for_compute(node, conversion.geometry(node), conversion))
             ):
                 conversion.targets[node] = conversion.later.pop(node)
             decided_returned_storages |= storages(pieces)
             continue
         if (
-            not policy.admits(node.target)
+            not _admitted(policy, node.target, admitted)
             or (scope is not None and not scope(node))
             or (accepts is not None and not accepts(view_twin(node.target)))
             or _has_blocking_user(node, policy, scope)
@@ -225,6 +239,17 @@ def view_copies_left_out_of_layout(
             if isinstance(g := conversion.geometry(member), Geometry)
         ):
             found.append(group)
+    return found
+
+
+def _admitted(policy: ConversionPolicy, target: Any, remembered: dict) -> bool:
+    """``policy.admits(target)``, remembered per target for one plan (a graph has a few dozen)."""
+    try:
+        found = remembered.get(target)
+    except TypeError:  # an unhashable target
+        return policy.admits(target)
+    if found is None:
+        found = remembered[target] = policy.admits(target)
     return found
 
 
@@ -272,17 +297,20 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
     with the same strides as the copy (another alignment). Such a copy stays
     a copy: it is the one layout change the program asked for.
     """
-    computing = _computing_readers(node, conversion)
-    if not computing:  # every answer below needs compute reading the view
-        return False
     original = node.meta.get("val")
     new = candidate if isinstance(candidate, list) else [candidate]
     old = list(original) if isinstance(original, (list, tuple)) else [original]
     pairs = [(g, strides) for g, o in zip(new, old) if isinstance(o, torch.Tensor)
              for strides in [tuple(o.stride())] if not layout.same_sizes(g.strides, strides)]
+    starts_inside = any(isinstance(g, Geometry) and not layout.same_sizes((g.offset,), (0,)) for g in new)
+    if not (pairs or starts_inside):  # the copy's strides, at its base's start: no reader can tell
+        return False
+    # the geometry first (cheap), then the compute reading the view, the only thing that can tell
+    computing = _computing_readers(node, conversion)
+    if not computing:
+        return False
     if any(layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(g.shape, strides) for g, strides in pairs):
         return True
-    starts_inside = any(isinstance(g, Geometry) and not layout.same_sizes((g.offset,), (0,)) for g in new)
     return any(_rounds_otherwise(conversion.op_of(u), gaps=bool(pairs), starts_inside=starts_inside) for u in computing)
 
 
@@ -312,9 +340,8 @@ def _rounds_otherwise(op: Any, *, gaps: bool, starts_inside: bool) -> bool:
     not one that starts inside its base: another alignment (found by ``make fuzz``: a ``linear`` of
     ``select(0, -2)`` of a linear's output, the copy's strides exactly, differed in the last bit).
     """
-    if ops.in_family(op, ops.CONVOLUTIONS):
-        return gaps
-    return starts_inside and ops.in_family(op, ops.GEMMS)
+    packet = ops.packet_of(op)
+    return (gaps and packet in ops.CONVOLUTIONS) or (starts_inside and packet in ops.GEMMS)
 
 
 def _conversion_pays(node: Node, candidate: Layout, pieces: list[Node], taken: set) -> bool:

@@ -7,6 +7,7 @@ CUDA backend; each compiled delegate is loaded with torch's AOTI runner and run.
 
 from __future__ import annotations
 
+import copy
 import operator
 
 import pytest
@@ -27,6 +28,8 @@ from strideguard.layout import dim_order_of, has_layout
 from strideguard.program import copied_source
 from strideguard.program import output_copies
 from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, lower_and_run
+
+from bench.synthetic import export_view_heavy
 
 from . import programs, tiers
 
@@ -352,3 +355,28 @@ def test_compute_after_a_view_copy_of_a_channels_last_value_is_copied_as_inducto
     assert has_layout(lowered.shape, lowered.strides, (0, 1, 2, 3, 4)), lowered.strides
     with torch.no_grad():
         assert torch.equal(prepared.module()(x), ReshapedIntegerOfChannelsLast()(x))
+
+
+@pytest.mark.parametrize("export", [programs.export_attention_head, lambda: export_view_heavy(200)], ids=["attention", "view-heavy"])
+def test_the_drop_in_leaves_a_well_formed_graph_that_computes_the_same_values(export):
+    """The drop-in rewrites the graph it is handed without linting it (a tenth of a small graph's pass): here
+    its result lints, keeps the signature naming what the graph returns, and computes bit for bit what the
+    Edge program did, its copies included."""
+    from strideguard.testing.executorch_cpu import aoti_edge_program
+
+    edge = aoti_edge_program(export())
+    inputs = tuple(torch.randn(v.shape, generator=torch.Generator().manual_seed(3)) for v in edge.example_inputs[0])
+    with torch.no_grad():
+        expected = edge.module()(*inputs)
+    program = copy.copy(edge)
+    program._graph_module = copy.deepcopy(edge.graph_module)
+    result = ReplaceViewCopyWithViewPass()(program)
+    assert result.modified
+    program.graph.lint()
+    returned = list(program.graph.output_node().args[0])
+    assert [spec.arg.name for spec in program.graph_signature.output_specs] == [node.name for node in returned]
+    assert output_copies(program.graph), "the drop-in copied no output of a program with strided ones"
+    with torch.no_grad():
+        found = program.module()(*inputs)
+    for index, (value, reference) in enumerate(zip(found, expected)):
+        assert torch.equal(value, reference), f"output {index}"

@@ -73,12 +73,14 @@ def _new_node(
     node.meta.update({key: origin.meta[key] for key in _INHERITED_META if key in origin.meta})
     if elementwise:
         node.meta["val"] = fresh_like(after.meta["val"])
+        if "tensor_meta" in after.meta and "tensor_meta" in origin.meta:  # the same shape, strides and dtype
+            node.meta["tensor_meta"] = after.meta["tensor_meta"]
     elif dense_strides is not None:
         node.meta["val"] = fresh_strided(after.meta["val"], tuple(after.meta["val"].shape), dense_strides)
     else:
         op, op_kwargs = value_call(target, kwargs)
         node.meta["val"] = call_on_fake_values(op, node, value, op_kwargs)
-    if "tensor_meta" in origin.meta:
+    if "tensor_meta" in origin.meta and "tensor_meta" not in node.meta:
         node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
     # A new dict (the original's is shared with the caller's program); what the user asked of the output the
     # origin is returned as is said again on the copy that now serves it (``record_requested_layouts``).
@@ -106,7 +108,7 @@ def insert_copy(
     Inductor keeps, ``copy_form_for``); returns the last, with its metadata. ``serves``, the name of the
     output the copy is returned as, names the nodes after it (``actions_copy``, ..., ``actions_dense``),
     never after their ops."""
-    form = form or copy_form_for(value(source), dialect)
+    form = form or copy_form_for(source.meta.get("val"), dialect)  # a view has its copy's dtype: no replay
     involution = involution_call(dialect, source.meta["val"].dtype) if form is CopyForm.KEPT else None
     dense = [(involution, (), {})] * (2 if involution is not None else 0)
     shape = tuple(source.meta["val"].shape)
