@@ -35,9 +35,11 @@ from .fake_values import call_on_fake_values, storage_key, view_of_memory
 aten = torch.ops.aten
 
 
-@dataclass(frozen=True)
+@dataclass(unsafe_hash=True, slots=True)
 class Geometry:
-    """How a tensor lies in memory: enough to judge layouts and aliasing without a tensor."""
+    """How a tensor lies in memory: enough to judge layouts and aliasing without a tensor. A value, never
+    changed once made (not ``frozen``: a plan makes thousands, and a frozen dataclass takes four times as
+    long to build)."""
 
     shape: tuple
     strides: tuple

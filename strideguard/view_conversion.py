@@ -297,12 +297,7 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
     with the same strides as the copy (another alignment). Such a copy stays
     a copy: it is the one layout change the program asked for.
     """
-    original = node.meta.get("val")
-    new = candidate if isinstance(candidate, list) else [candidate]
-    old = list(original) if isinstance(original, (list, tuple)) else [original]
-    pairs = [(g, strides) for g, o in zip(new, old) if isinstance(o, torch.Tensor)
-             for strides in [tuple(o.stride())] if not layout.same_sizes(g.strides, strides)]
-    starts_inside = any(isinstance(g, Geometry) and not layout.same_sizes((g.offset,), (0,)) for g in new)
+    pairs, starts_inside = _as_view_differs(candidate, node.meta.get("val"))
     if not (pairs or starts_inside):  # the copy's strides, at its base's start: no reader can tell
         return False
     # the geometry first (cheap), then the compute reading the view, the only thing that can tell
@@ -312,6 +307,20 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
     if any(layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(g.shape, strides) for g, strides in pairs):
         return True
     return any(_rounds_otherwise(conversion.op_of(u), gaps=bool(pairs), starts_inside=starts_inside) for u in computing)
+
+
+def _as_view_differs(candidate: Layout, original: Any) -> tuple[list[tuple[Geometry, tuple]], bool]:
+    """How the view differs from the copy it was: each piece whose strides differ (with the copy's strides),
+    and whether some piece starts inside its base rather than at its start."""
+    if isinstance(candidate, Geometry) and isinstance(original, torch.Tensor):  # one tensor: most views
+        strides = tuple(original.stride())
+        pairs = [] if layout.same_sizes(candidate.strides, strides) else [(candidate, strides)]
+        return pairs, not layout.same_sizes((candidate.offset,), (0,))
+    new = candidate if isinstance(candidate, list) else [candidate]
+    old = list(original) if isinstance(original, (list, tuple)) else [original]
+    pairs = [(g, strides) for g, o in zip(new, old) if isinstance(o, torch.Tensor)
+             for strides in [tuple(o.stride())] if not layout.same_sizes(g.strides, strides)]
+    return pairs, any(isinstance(g, Geometry) and not layout.same_sizes((g.offset,), (0,)) for g in new)
 
 
 def _computing_readers(node: Node, conversion: ViewConversion) -> list[Node]:
