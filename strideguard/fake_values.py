@@ -104,7 +104,9 @@ def _static_memory(memory: torch.Tensor) -> bool:
     """Whether the meta kernel reads only plain integers of ``memory``: its sizes, strides, offset and its
     storage's size. Anything symbolic it would guard on, specializing the program (found by the tests: a
     view of a batch-``s77`` input made ``s77`` 2), or refuse."""
-    if not _static(memory.shape, memory.stride()):
+    # the sizes policy first: a tensor whose layout torch keeps symbolic may still show plain integers here
+    # (found by ``make fuzz``: a batch-dynamic channels-last input with an empty dimension)
+    if memory._has_symbolic_sizes_strides or not _static(memory.shape, memory.stride()):
         return False
     try:
         return _static(memory.storage_offset(), memory.untyped_storage().nbytes())
