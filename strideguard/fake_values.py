@@ -83,35 +83,12 @@ def fresh_strided(like: torch.Tensor, shape: tuple, strides: tuple) -> torch.Ten
 
 
 def view_of_memory(memory: torch.Tensor, shape: tuple, strides: tuple, offset: Any) -> torch.Tensor:
-    """A view of ``memory``'s storage with this geometry: what ``as_strided`` gives. For a fake tensor of
-    static layout and a static geometry, its meta kernel's result wrapped as a fake tensor, without a fake dispatch (25 against
-    90 us, measured; an analysis takes one per returned view) and with no view chain held; anything else
-    is dispatched."""
-    fake_mode = getattr(memory, "fake_mode", None)
-    if isinstance(memory, FakeTensor) and _static(shape, strides, offset) and _static_memory(memory):
-        with torch._C._DisableTorchDispatch():
-            meta = torch.ops.aten.as_strided.default(memory, shape, strides, offset)
-        return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, memory.device)
+    """A view of ``memory``'s storage with this geometry: what ``as_strided`` gives, dispatched on the fake
+    tensor (its meta kernel's result wrapped without a dispatch was four times cheaper a view, but grew with
+    the views of one memory: 2,000 outputs of one input took six times 500's, against four dispatched,
+    ``tests/test_bounded.py``)."""
     with detect_fake_mode([memory]) or contextlib.nullcontext():
         return torch.ops.aten.as_strided.default(memory if memory._base is None else memory._base, shape, strides, offset)
-
-
-def _static(*sizes: Any) -> bool:
-    return all(type(v) is int for group in sizes for v in (group if isinstance(group, (tuple, list, torch.Size)) else (group,)))
-
-
-def _static_memory(memory: torch.Tensor) -> bool:
-    """Whether the meta kernel reads only plain integers of ``memory``: its sizes, strides, offset and its
-    storage's size. Anything symbolic it would guard on, specializing the program (found by the tests: a
-    view of a batch-``s77`` input made ``s77`` 2), or refuse."""
-    # the sizes policy first: a tensor whose layout torch keeps symbolic may still show plain integers here
-    # (found by ``make fuzz``: a batch-dynamic channels-last input with an empty dimension)
-    if memory._has_symbolic_sizes_strides or not _static(memory.shape, memory.stride()):
-        return False
-    try:
-        return _static(memory.storage_offset(), memory.untyped_storage().nbytes())
-    except RuntimeError:  # a tensor whose layout policy is symbolic refuses to give its offset
-        return False
 
 
 def storage_key(value: Any) -> Optional[int]:
