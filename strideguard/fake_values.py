@@ -82,15 +82,6 @@ def fresh_strided(like: torch.Tensor, shape: tuple, strides: tuple) -> torch.Ten
     return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, like.device)
 
 
-def view_of_memory(memory: torch.Tensor, shape: tuple, strides: tuple, offset: Any) -> torch.Tensor:
-    """A view of ``memory``'s storage with this geometry: what ``as_strided`` gives, dispatched on the fake
-    tensor (its meta kernel's result wrapped without a dispatch was four times cheaper a view, but grew with
-    the views of one memory: 2,000 outputs of one input took six times 500's, against four dispatched,
-    ``tests/test_bounded.py``)."""
-    with detect_fake_mode([memory]) or contextlib.nullcontext():
-        return torch.ops.aten.as_strided.default(memory if memory._base is None else memory._base, shape, strides, offset)
-
-
 def storage_key(value: Any) -> Optional[int]:
     """Identity of the memory behind a fake or real tensor (of the first, for a list of views).
 

@@ -16,7 +16,7 @@ from torch.fx import Node
 from . import inductor, layout, ops
 from .dialect import aten_op, is_view_op
 from .program import copy_form_of
-from .replay import Geometry, Layout
+from .replay import Geometry, Layout, beside_traced
 
 
 class RelaidNodes:
@@ -200,16 +200,9 @@ def _relaid(geometry: Layout, node: Node) -> bool:
     the copy did when every pair of dimensions compares the same way
     (greater, equal, smaller) in both; anything unproven counts as changed.
     """
-    original = node.meta.get("val")
-    if isinstance(geometry, Geometry) and isinstance(original, torch.Tensor):
-        strides = original.stride()
-        return not layout.same_sizes(geometry.strides, strides) and not layout.same_order(geometry.shape, geometry.strides, strides)
-    new = geometry if isinstance(geometry, list) else [geometry]
-    old = list(original) if isinstance(original, (list, tuple)) else [original]
     return not all(
-        not (isinstance(g, Geometry) and isinstance(o, torch.Tensor))
-        or layout.same_order(g.shape, g.strides, o.stride())
-        for g, o in zip(new, old)
+        layout.same_sizes(g.strides, strides) or layout.same_order(g.shape, g.strides, strides)
+        for g, strides in beside_traced(geometry, node.meta.get("val"))
     )
 
 
@@ -245,8 +238,9 @@ _remembered_layout_argument = lru_cache(maxsize=None)(_layout_argument_of)
 def _lays_out_its_own_result(node: Node, target: Any) -> bool:
     """Ops whose result's layout does not follow their inputs': GEMMs, and copies told their layout
     (``_clone_dim_order(dim_order=...)``, ``clone(memory_format=contiguous)``, strideguard's own output
-    copies among them) where no size-one dimension's stride is left to them. Not view copies: Inductor lowers one as a view and a clone, and may keep the
-    view's layout (found by ``make fuzz`` on a channels-last input)."""
+    copies among them) where no size-one dimension's stride is left to them. Not view copies: Inductor
+    lowers one as a view and a clone, and may keep the view's layout (found by ``make fuzz`` on a
+    channels-last input)."""
     argument = _layout_argument(target)
     if argument is None:
         return False

@@ -22,24 +22,26 @@ forms:
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 import torch
+from torch._guards import detect_fake_mode
 from torch.fx import Node
 
 from .dialect import aten_op
-from .fake_values import call_on_fake_values, storage_key, view_of_memory
+from .fake_values import call_on_fake_values, storage_key
 
 aten = torch.ops.aten
 
 
 @dataclass(unsafe_hash=True, slots=True)
 class Geometry:
-    """How a tensor lies in memory: enough to judge layouts and aliasing without a tensor. A value, never
-    changed once made (not ``frozen``: a plan makes thousands, and a frozen dataclass takes four times as
-    long to build)."""
+    """How a tensor lies in memory: enough to judge layouts and aliasing without a tensor. Compared and
+    hashed by value; nothing assigns to one once made (it is not ``frozen`` only because a plan makes
+    thousands, and a frozen dataclass takes four times as long to build)."""
 
     shape: tuple
     strides: tuple
@@ -58,6 +60,16 @@ class Geometry:
 
 Layout = Union[Geometry, list, None]
 """A node's geometry: one, a list (a split's chunks), or ``None`` for a value that is not a tensor."""
+
+
+def beside_traced(geometry: Layout, traced: Any) -> list[tuple[Geometry, tuple]]:
+    """Each piece of ``geometry`` beside the strides the node's traced value (``meta["val"]``, a tensor or
+    its chunks) gives it, where both are there: how a view compares with the copy it was traced as."""
+    if isinstance(geometry, Geometry) and isinstance(traced, torch.Tensor):  # one tensor, most nodes: no lists
+        return [(geometry, tuple(traced.stride()))]
+    new = geometry if isinstance(geometry, list) else [geometry]
+    old = list(traced) if isinstance(traced, (list, tuple)) else [traced]
+    return [(g, tuple(o.stride())) for g, o in zip(new, old) if isinstance(g, Geometry) and isinstance(o, torch.Tensor)]
 
 
 class Replay:
@@ -174,7 +186,10 @@ class Replay:
         arithmetic followed."""
         if not isinstance(memory, torch.Tensor) or storage_key(memory) != geometry.storage:
             return None
-        return view_of_memory(memory, geometry.shape, geometry.strides, geometry.offset)
+        with detect_fake_mode([memory]) or contextlib.nullcontext():
+            return torch.ops.aten.as_strided.default(
+                memory if memory._base is None else memory._base, geometry.shape, geometry.strides, geometry.offset
+            )
 
 
 def _resolved(node: Node, cache: dict, sources: Callable[[Node], list[Node]], compute: Callable[[Node], Any]) -> Any:

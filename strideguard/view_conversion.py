@@ -37,7 +37,7 @@ from .dialect import aten_op, is_higher_order, is_view_op, promised_dim_order, v
 from .fake_values import call_on_fake_values, storage_key
 from .program import output_values
 from .relayout import RelaidNodes
-from .replay import Geometry, Layout, Replay, view_geometry
+from .replay import Geometry, Layout, Replay, beside_traced, view_geometry
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,6 @@ def plan_view_conversion(
         if piece.target is operator.getitem and isinstance(piece.args[0], Node):
             pieces_of.setdefault(piece.args[0], []).append(piece)
     converts_more = policy.extra != frozenset()
-    admitted: dict[Any, bool] = {}
 
     for node in graph.nodes:
         if node.op != "call_function":
@@ -200,7 +199,7 @@ def plan_view_conversion(
             decided_returned_storages |= storages(pieces)
             continue
         if (
-            not _admitted(policy, node.target, admitted)
+            not policy.admits(node.target)
             or (scope is not None and not scope(node))
             or (accepts is not None and not accepts(view_twin(node.target)))
             or _has_blocking_user(node, policy, scope)
@@ -239,17 +238,6 @@ def view_copies_left_out_of_layout(
             if isinstance(g := conversion.geometry(member), Geometry)
         ):
             found.append(group)
-    return found
-
-
-def _admitted(policy: ConversionPolicy, target: Any, remembered: dict) -> bool:
-    """``policy.admits(target)``, remembered per target for one plan (a graph has a few dozen)."""
-    try:
-        found = remembered.get(target)
-    except TypeError:  # an unhashable target
-        return policy.admits(target)
-    if found is None:
-        found = remembered[target] = policy.admits(target)
     return found
 
 
@@ -297,7 +285,10 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
     with the same strides as the copy (another alignment). Such a copy stays
     a copy: it is the one layout change the program asked for.
     """
-    pairs, starts_inside = _as_view_differs(candidate, node.meta.get("val"))
+    pairs = [(g, strides) for g, strides in beside_traced(candidate, node.meta.get("val"))
+             if not layout.same_sizes(g.strides, strides)]
+    pieces = candidate if isinstance(candidate, list) else [candidate]
+    starts_inside = any(isinstance(g, Geometry) and not layout.same_sizes((g.offset,), (0,)) for g in pieces)
     if not (pairs or starts_inside):  # the copy's strides, at its base's start: no reader can tell
         return False
     # the geometry first (cheap), then the compute reading the view, the only thing that can tell
@@ -307,20 +298,6 @@ def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConvers
     if any(layout.dim_order_of(g.shape, g.strides) != layout.dim_order_of(g.shape, strides) for g, strides in pairs):
         return True
     return any(_rounds_otherwise(conversion.op_of(u), gaps=bool(pairs), starts_inside=starts_inside) for u in computing)
-
-
-def _as_view_differs(candidate: Layout, original: Any) -> tuple[list[tuple[Geometry, tuple]], bool]:
-    """How the view differs from the copy it was: each piece whose strides differ (with the copy's strides),
-    and whether some piece starts inside its base rather than at its start."""
-    if isinstance(candidate, Geometry) and isinstance(original, torch.Tensor):  # one tensor: most views
-        strides = tuple(original.stride())
-        pairs = [] if layout.same_sizes(candidate.strides, strides) else [(candidate, strides)]
-        return pairs, not layout.same_sizes((candidate.offset,), (0,))
-    new = candidate if isinstance(candidate, list) else [candidate]
-    old = list(original) if isinstance(original, (list, tuple)) else [original]
-    pairs = [(g, strides) for g, o in zip(new, old) if isinstance(o, torch.Tensor)
-             for strides in [tuple(o.stride())] if not layout.same_sizes(g.strides, strides)]
-    return pairs, any(isinstance(g, Geometry) and not layout.same_sizes((g.offset,), (0,)) for g in new)
 
 
 def _computing_readers(node: Node, conversion: ViewConversion) -> list[Node]:

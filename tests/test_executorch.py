@@ -376,6 +376,10 @@ def test_the_drop_in_leaves_a_well_formed_graph_that_computes_the_same_values(ex
     returned = list(program.graph.output_node().args[0])
     assert [spec.arg.name for spec in program.graph_signature.output_specs] == [node.name for node in returned]
     assert output_copies(program.graph), "the drop-in copied no output of a program with strided ones"
+    for node in program.graph.nodes:  # the involutions share the clone's tensor_meta: it must be theirs too
+        meta, value = node.meta.get("tensor_meta"), node.meta.get("val")
+        if meta is not None and isinstance(value, torch.Tensor):
+            assert (meta.shape, meta.stride, meta.dtype) == (value.shape, value.stride(), value.dtype), node.name
     with torch.no_grad():
         found = program.module()(*inputs)
     for index, (value, reference) in enumerate(zip(found, expected)):

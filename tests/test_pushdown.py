@@ -8,7 +8,6 @@ eagerly in both dim-order modes, validated.
 
 from __future__ import annotations
 
-
 import pytest
 import sympy
 import torch
