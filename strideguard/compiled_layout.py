@@ -12,7 +12,7 @@ the strides as traced, the other layouts Inductor may choose (or
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Container, Optional, Union
 
 import torch
@@ -44,6 +44,8 @@ class Compilation:
     returned: frozenset
     relaid: Container[Node]
     """Asked ``node in relaid`` of the nodes outputs view (``relayout.RelaidNodes``)."""
+    inductor_values: dict = field(default_factory=dict, compare=False, repr=False)
+    """Each node's value in Inductor's own graph, as far as it was asked (``_inductor_value``)."""
 
 
 @dataclass(frozen=True)
@@ -159,10 +161,21 @@ def compiled_layout(
                 "keeps the view's own strides in the size-one dimensions",
                 any_layout=True,
             )
-        return Decided(decomposition.strides if decomposition is not None else tuple(tensor.stride()))
+    base_strides = decomposition.strides if decomposition is not None else tuple(values(base).stride())
+    if base in returned:
+        base_strides = _with_inductors_size_one_strides(base, base_strides, compilation)
+        if base_strides is None:
+            return LeftToInductor(
+                tuple(tensor.stride()),
+                why="Inductor gives a returned result's size-one dimensions the strides its own graph traces "
+                "them with, which could not be followed back to the inputs",
+                any_layout=True,
+            )
+    if not chain:
+        return Decided(base_strides)
     strides = tuple(tensor.stride())
-    if decomposition is not None and not layout.same_sizes(decomposition.strides, values(base).stride()):
-        replayed = _replayed_over(chain, base, _restrided(values(base), decomposition.strides), values, op_of)
+    if not layout.same_sizes(base_strides, values(base).stride()):
+        replayed = _replayed_over(chain, base, _restrided(values(base), base_strides), values, op_of)
         if replayed is None:
             return LeftToInductor(
                 strides,
@@ -198,6 +211,95 @@ def compiled_layout(
             any_layout=realized is None,
         )
     return Decided(strides)
+
+
+def _with_inductors_size_one_strides(node: Node, strides: tuple, compilation: Compilation) -> Optional[tuple]:
+    """``strides`` of a returned result with its size-one dimensions' strides as Inductor returns them, or
+    ``None`` where they cannot be told.
+
+    Inductor returns a graph output with the traced strides where they are significant, and in its
+    size-one dimensions with the strides its own graph traced for the node
+    (``ir.try_match_insignificant_strides``). That graph runs Inductor's decompositions, whose results can
+    be laid out otherwise than torch's kernels lay out theirs (found by ``make fuzz``: ``softmax`` of a
+    transposed input, dense in the input's order there, contiguous as traced), and the difference travels
+    down every op reading them: ``add(softmax(transpose(x)))`` of shape ``[1, 1, 4, 1]``, traced ``(4, 4, 1,
+    1)``, comes back ``(4, 4, 1, 4)``.
+    """
+    shape = tuple(compilation.values(node).shape)
+    if not layout.has_size_one_dim(shape):
+        return strides
+    value = _inductor_value(node, compilation)
+    if not isinstance(value, torch.Tensor):
+        return None
+    own = tuple(value.stride())
+    return tuple(o if layout.same_sizes((size,), (1,)) else s for size, s, o in zip(shape, strides, own))
+
+
+UNKNOWN = object()
+"""A value in Inductor's graph that could not be worked out."""
+
+INDUCTOR_VALUE_BUDGET = 4_000
+"""Nodes whose value in Inductor's graph one plan works out at most; past it, a returned result's size-one
+strides are not followed (it is copied, unless ``exact=True`` asks Inductor)."""
+
+
+def _inductor_value(node: Node, compilation: Compilation) -> Any:
+    """``node``'s value in Inductor's own graph: each op over its inputs' values there, decomposed as Inductor
+    decomposes it. The same object as the traced value wherever it is laid out alike, so most nodes cost one
+    identity check; ``UNKNOWN`` where an op could not be run on them."""
+    known = compilation.inductor_values
+    if node in known:
+        return known[node]
+    order, pending = [], [(node, False)]
+    while pending:
+        current, inputs_done = pending.pop()
+        if current in known:
+            continue
+        if inputs_done:
+            known[current] = UNKNOWN if len(known) >= INDUCTOR_VALUE_BUDGET else _inductor_value_of(current, compilation)
+            continue
+        pending.append((current, True))
+        pending += [(source, False) for source in current.all_input_nodes if source not in known]
+    return known[node]
+
+
+def _traced(node: Node, compilation: Compilation) -> Any:
+    """``node``'s value as traced, for the op it runs once compiled: its own where that op is its target (no
+    replay needed, which dispatches), else the compiled value (an Edge view copy that becomes a view)."""
+    if node.op == "call_function" and compilation.op_of(node) is not node.target:
+        return compilation.values(node)
+    value = node.meta.get("val")
+    return compilation.values(node) if value is None else value
+
+
+def _inductor_value_of(node: Node, compilation: Compilation) -> Any:
+    traced = _traced(node, compilation)
+    if node.op != "call_function":
+        return traced
+    known = compilation.inductor_values
+    inputs = node.all_input_nodes
+    if any(known[source] is UNKNOWN for source in inputs):
+        return UNKNOWN
+    changed = any(known[source] is not _traced(source, compilation) for source in inputs)
+    if node.target is operator.getitem:
+        return known[node.args[0]][node.args[1]] if changed else traced
+    op = aten_op(compilation.op_of(node))
+    if isinstance(traced, torch.Tensor) and isinstance(op, torch._ops.OpOverload) and inductor.decomposes(op):
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), known.__getitem__)
+        decomposition = inductor.decomposed(op, args, kwargs)
+        if decomposition is None:
+            return UNKNOWN if changed else traced
+        if layout.same_sizes(decomposition.strides, traced.stride()):
+            return traced
+        return fresh_strided(traced, tuple(traced.shape), decomposition.strides)
+    if not changed:
+        return traced
+    if not isinstance(op, torch._ops.OpOverload):
+        return UNKNOWN
+    try:
+        return call_on_fake_values(op, node, known.__getitem__)
+    except (RuntimeError, ValueError, TypeError, IndexError):
+        return UNKNOWN
 
 
 def _sealed_view_copy(tensor: torch.Tensor, chain: list[Node], base: Node, compilation: Compilation) -> Optional[CompiledLayout]:
