@@ -94,11 +94,6 @@ def node_stem(name: str) -> str:
     return stem
 
 
-def rename(node: torch.fx.Node, wanted: str) -> None:
-    """Give ``node`` the name ``wanted``, or the graph's next free one after it (``actions_dense_1``)."""
-    node._rename(wanted)
-
-
 def symbol_meanings(program: Any) -> dict[str, str]:
     """What each symbolic size of ``program`` stands for, in the user's terms: ``{"s77": "x.size(0), 2 to 64"}``.
 

@@ -22,17 +22,15 @@ forms:
 
 from __future__ import annotations
 
-import contextlib
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 import torch
-from torch._guards import detect_fake_mode
 from torch.fx import Node
 
 from .dialect import aten_op
-from .fake_values import call_on_fake_values, storage_key
+from .fake_values import call_on_fake_values, storage_key, view_of_memory
 
 aten = torch.ops.aten
 
@@ -186,10 +184,7 @@ class Replay:
         arithmetic followed."""
         if not isinstance(memory, torch.Tensor) or storage_key(memory) != geometry.storage:
             return None
-        with detect_fake_mode([memory]) or contextlib.nullcontext():
-            return torch.ops.aten.as_strided.default(
-                memory if memory._base is None else memory._base, geometry.shape, geometry.strides, geometry.offset
-            )
+        return view_of_memory(memory if memory._base is None else memory._base, geometry.shape, geometry.strides, geometry.offset)
 
 
 def _resolved(node: Node, cache: dict, sources: Callable[[Node], list[Node]], compute: Callable[[Node], Any]) -> Any:
