@@ -282,7 +282,10 @@ def _inductor_value_of(node: Node, compilation: Compilation) -> Any:
         return UNKNOWN
     changed = any(known[source] is not _traced(source, compilation) for source in inputs)
     if node.target is operator.getitem:
-        return known[node.args[0]][node.args[1]] if changed else traced
+        if not changed:
+            return traced
+        pieces = known[node.args[0]]
+        return pieces[node.args[1]] if isinstance(pieces, (list, tuple)) else UNKNOWN
     op = aten_op(compilation.op_of(node))
     if isinstance(traced, torch.Tensor) and isinstance(op, torch._ops.OpOverload) and inductor.decomposes(op):
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), known.__getitem__)
@@ -298,7 +301,7 @@ def _inductor_value_of(node: Node, compilation: Compilation) -> Any:
         return UNKNOWN
     try:
         return call_on_fake_values(op, node, known.__getitem__)
-    except (RuntimeError, ValueError, TypeError, IndexError):
+    except Exception:  # noqa: BLE001 - an op that will not run on these values leaves the result to Inductor
         return UNKNOWN
 
 

@@ -85,3 +85,25 @@ def test_the_fixed_program_lowers_every_result_in_layout(program):
     inputs = (torch.randn(1, 1, 1, 4), torch.randn(2, 3, 5, 4))
     for want, got in zip(program.module()(*inputs), fixed.module()(*inputs)):
         assert torch.equal(want, got)
+
+
+@pytest.mark.lowers
+def test_past_its_budget_the_walk_leaves_the_result_to_inductor_and_it_is_copied(program, monkeypatch):
+    """Working the values out is bounded (``INDUCTOR_VALUE_BUDGET`` nodes a plan): past it, a returned result
+    with a size-one dimension is left to Inductor, copied, and the copy holds."""
+    from strideguard import compiled_layout
+
+    monkeypatch.setattr(compiled_layout, "INDUCTOR_VALUE_BUDGET", 1)
+    records = strideguard.inspect(program).outputs
+    names = _names()
+    left = 0
+    for name, record in zip(names, records):
+        if 1 in record.shape:
+            assert record.in_target_layout is None and record.action is Action.COPY, (name, record.explanation)
+            assert "size-one dimensions" in record.explanation
+            left += 1
+        else:  # nothing to re-stride: the walk is not asked
+            assert record.in_target_layout is not None, (name, record.explanation)
+    assert left > len(READERS)
+    fixed = lower_outputs(strideguard.densify_outputs(program)).outputs
+    assert all(layout.has_layout(low.shape, low.strides, layout.identity_order(len(low.shape))) is True for low in fixed)
