@@ -23,6 +23,7 @@ from . import inductor, layout, ops
 from .dialect import aten_op, op_name
 from .fake_values import call_on_fake_values, fresh_strided
 from .records import Alias, AliasKind
+from .relayout import lays_out_its_own_result
 from .replay import Geometry, Layout, view_geometry
 
 aten = torch.ops.aten
@@ -279,7 +280,9 @@ def _inductor_value_of(node: Node, compilation: Compilation) -> Any:
     known = compilation.inductor_values
     inputs = node.all_input_nodes
     if any(known[source] is UNKNOWN for source in inputs):
-        return UNKNOWN
+        # a copy told its layout, as ``relayout`` judges one (strideguard's own output copies among them),
+        # or a GEMM, lays its result out whatever it reads
+        return traced if lays_out_its_own_result(node, compilation.op_of(node)) else UNKNOWN
     changed = any(known[source] is not _traced(source, compilation) for source in inputs)
     if node.target is operator.getitem:
         if not changed:
@@ -300,9 +303,19 @@ def _inductor_value_of(node: Node, compilation: Compilation) -> Any:
     if not isinstance(op, torch._ops.OpOverload):
         return UNKNOWN
     try:
-        return call_on_fake_values(op, node, known.__getitem__)
+        value = call_on_fake_values(op, node, known.__getitem__)
     except Exception:  # noqa: BLE001 - an op that will not run on these values leaves the result to Inductor
         return UNKNOWN
+    # laid out as traced after all: the traced value itself, so that what reads it is not run again
+    return traced if _laid_out_alike(value, traced) else value
+
+
+def _laid_out_alike(value: Any, traced: Any) -> bool:
+    if isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor):
+        return layout.same_sizes(value.shape, traced.shape) and layout.same_sizes(value.stride(), traced.stride())
+    if isinstance(value, (list, tuple)) and isinstance(traced, (list, tuple)) and len(value) == len(traced):
+        return all(_laid_out_alike(v, t) for v, t in zip(value, traced))
+    return False
 
 
 def _sealed_view_copy(tensor: torch.Tensor, chain: list[Node], base: Node, compilation: Compilation) -> Optional[CompiledLayout]:

@@ -27,7 +27,10 @@ def call_on_fake_values(op: Any, node: Node, value: Callable[[Node], Any], kwarg
     view = view_twin(op) if isinstance(op, torch._ops.OpOverload) and torch.Tag.view_copy in op.tags else None
     with fake_mode or contextlib.nullcontext():
         if view is not None:
-            return view(*args, **kwargs).clone(memory_format=torch.contiguous_format)
+            viewed = view(*args, **kwargs)
+            if isinstance(viewed, (list, tuple)):  # unbind_copy, split_copy: each piece its own contiguous copy
+                return [piece.clone(memory_format=torch.contiguous_format) for piece in viewed]
+            return viewed.clone(memory_format=torch.contiguous_format)
         result = op(*args, **kwargs)
         if isinstance(op, torch._ops.OpOverload) and op.is_view and args and isinstance(args[0], torch.Tensor):
             return _on_base_storage(_rerooted(result, args[0]), args[0])

@@ -98,7 +98,7 @@ class RelaidNodes:
             if current in reached:
                 continue
             if inputs is None:
-                if current.op != "call_function" or _lays_out_its_own_result(current, op_of(current)):
+                if current.op != "call_function" or lays_out_its_own_result(current, op_of(current)):
                     reached[current] = changed(current)
                     continue
                 inputs = current.all_input_nodes
@@ -235,7 +235,7 @@ def _layout_argument_of(target: Any) -> Optional[str]:
 _remembered_layout_argument = lru_cache(maxsize=None)(_layout_argument_of)
 
 
-def _lays_out_its_own_result(node: Node, target: Any) -> bool:
+def lays_out_its_own_result(node: Node, target: Any) -> bool:
     """Ops whose result's layout does not follow their inputs': GEMMs, and copies told their layout
     (``_clone_dim_order(dim_order=...)``, ``clone(memory_format=contiguous)``, strideguard's own output
     copies among them) where no size-one dimension's stride is left to them. Not view copies: Inductor

@@ -62,7 +62,7 @@ def _relaid_in_one_pass(graph: torch.fx.Graph, conversion) -> set:
         if node.op != "call_function" or not any(source in reached for source in node.all_input_nodes):
             continue
         op = conversion.op_of(node)
-        if relayout._lays_out_its_own_result(node, op):
+        if relayout.lays_out_its_own_result(node, op):
             continue
         reached.add(node)
         if not (node.target is operator.getitem or (is_view_op(op) and not relayout._converts_dtype(node))):
