@@ -251,7 +251,7 @@ def _inductor_value(node: Node, compilation: Compilation) -> Any:
     known = compilation.inductor_values
     if node in known:
         return known[node]
-    order, pending = [], [(node, False)]
+    pending = [(node, False)]
     while pending:
         current, inputs_done = pending.pop()
         if current in known:
