@@ -7,7 +7,7 @@ container runner loads that library directly, without the package loader. ``benc
 both ways in child processes and ``bench/gpu.sh`` sets ``STRIDEGUARD_BENCH_AOTI_LOADER=runner`` when only
 the runner works; each GPU script then calls :func:`install_from_environment` first, which puts the
 runner behind ``torch._inductor.aoti_load_package`` for that process, so that the library's own call
-sites (``GraphedMethod.load``, ``verification.compile_program``) load through it unchanged.
+sites (``GraphedMethod.load``, ``prove.verification.compile_program``) load through it unchanged.
 
 The runner has no single-threaded mode in its Python binding, so a CUDA graph captured around it also
 records the container's end-of-run event; the scripts print which loader ran.

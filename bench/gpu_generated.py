@@ -35,10 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import strideguard  # noqa: E402
-from strideguard import layout  # noqa: E402
-from strideguard.lowering import lower_outputs  # noqa: E402
-from strideguard.targets import CPU, Target  # noqa: E402
-from strideguard.verification import compile_program  # noqa: E402
+from strideguard.program import density
+from strideguard.compiler.lowering import lower_outputs
+from strideguard.compiler.targets import CPU, Target
+from strideguard.prove.verification import compile_program
 from bench.aoti_loader import install_from_environment  # noqa: E402
 from bench.gpu_oracle import lower_on_this_torch  # noqa: E402
 from tests import generated  # noqa: E402
@@ -105,8 +105,8 @@ def check_batch(named: list[tuple[str, ProgramSpec]], device: str, target: Targe
             row = {"program": kept[part], "output": j, "shape": list(untouched.shape),
                    "predicted": every, "returned": list(untouched.stride()),
                    "fixed_returned": list(densified.stride()),
-                   "fixed_dense": layout.has_layout(densified.shape, densified.stride(),
-                                                    layout.identity_order(densified.dim())) is True,
+                   "fixed_dense": density.has_layout(densified.shape, densified.stride(),
+                                                    density.identity_order(densified.dim())) is True,
                    "fixed_values_equal": untouched.shape == densified.shape and torch.allclose(
                        untouched.double(), densified.double(), rtol=1e-3, atol=1e-3, equal_nan=True)}
             row["matched"] = row["returned"] in every

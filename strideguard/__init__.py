@@ -32,9 +32,9 @@ def _log_from_environment() -> None:
 _log_from_environment()
 
 from .api import aoti_compile_and_package, densify_outputs, inspect, prepare_for_aoti
-from .proof import LayoutNotReached, Proof
-from .view_conversion import EXECUTORCH, NO_CONVERSION, STRIDEGUARD, ConversionPolicy
-from .records import (
+from .compiler.targets import LoweringUnavailable, Target
+from .decide.view_conversion import ConversionPolicy, EXECUTORCH, NO_CONVERSION, STRIDEGUARD
+from .program.records import (
     Action,
     Alias,
     AliasKind,
@@ -45,8 +45,8 @@ from .records import (
     Reason,
     VerifyReport,
 )
-from .targets import LoweringUnavailable, Target
-from .verification import EAGER_TOLERANCES, PUSHDOWN_TOLERANCE, verify
+from .prove.proof import LayoutNotReached, Proof
+from .prove.verification import EAGER_TOLERANCES, PUSHDOWN_TOLERANCE, verify
 
 __all__ = [
     "__version__",

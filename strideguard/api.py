@@ -9,19 +9,19 @@ import torch
 
 from torch.export import ExportedProgram
 
-from .analysis import OutputFacts, report
-from .backends import Backend, resolve_backend
-from .dialect import dialect_of
-from .view_conversion import EXECUTORCH, STRIDEGUARD, ConversionPolicy
-from .program import require_exported_program, require_flag
-from .records import LayoutReport
-from .lowering import ExternKernelMemory
-from .targets import Target, target_for
-from .proof import Proof, fixed_and_proven
-from .rewrite import Pushdowns, lower_as_compiled, program_plan, transformed
-from .naming import symbol_meanings
-from .quiet import quietly
-from .user_layouts import resolve_layouts
+from .compiler.backends import Backend, resolve_backend
+from .compiler.lowering import ExternKernelMemory
+from .compiler.targets import Target, target_for
+from .decide.facts import OutputFacts, report
+from .decide.user_layouts import resolve_layouts
+from .decide.view_conversion import ConversionPolicy, EXECUTORCH, STRIDEGUARD
+from .fix.engine import lower_as_compiled, program_plan, Pushdowns, transformed
+from .program.dialect import dialect_of
+from .program.exported import require_exported_program, require_flag
+from .program.naming import symbol_meanings
+from .program.quiet import quietly
+from .program.records import LayoutReport
+from .prove.proof import fixed_and_proven, Proof
 
 
 @quietly
@@ -69,7 +69,7 @@ def inspect(
     By default the answer comes from the graph alone (milliseconds), and an
     output whose layout Inductor decides for itself is reported undecided and
     copied. With ``exact=True`` Inductor's own lowering is run and read
-    (``strideguard.lowering``; no code is generated or compiled: a tenth to
+    (``strideguard.compiler.lowering``; no code is generated or compiled: a tenth to
     a quarter of a full compile, 0.1 s for a policy head, several seconds for
     a UNet, measured in ``docs/benchmarks.md``) and every output is decided by it.
 
@@ -77,7 +77,7 @@ def inspect(
     deriving from ExecuTorch's ``AotiBackend``, or its name: ``"CudaBackend"``,
     ``"MetalBackend"``): its own passes and decomposition table run after
     ExecuTorch's view pass, as its ``preprocess`` runs them
-    (``strideguard.backends``). Without ``exact``, an output computed from
+    (``strideguard.compiler.backends``). Without ``exact``, an output computed from
     something they rewrite is reported undecided and copied; where they
     cannot run here, every output is.
 
@@ -87,9 +87,9 @@ def inspect(
     ``strideguard.Target``. By default it follows ``backend`` (``CudaBackend``
     compiles for CUDA) and else the device of the program's tensors. For a
     device other than the CPU, ``exact`` lowers on fake tensors of that device
-    (answering for it where it is not here: ``strideguard.fake_device``),
+    (answering for it where it is not here: ``strideguard.compiler.fake_device``),
     and, without a GPU, CUDA's attention kernel is chosen by
-    torch's rules (``strideguard.attention_kernels``); an output whose
+    torch's rules (``strideguard.compiler.attention_kernels``); an output whose
     layout depends on a choice not decidable here is undecided and copied.
     The report says which device it is for (``LayoutReport.device``).
     """
@@ -129,14 +129,14 @@ def densify_outputs(
     views, as the installed ExecuTorch does), and per output whose layout Inductor
     decides for itself (a copy fused into it where it is computed afresh);
     nothing else is added. Each copy is in a form Inductor keeps
-    (``passes.insert_output_copies.CopyForm``). With ``break_aliases``, an
+    (``program.copies.CopyForm``). With ``break_aliases``, an
     output sharing memory with an input, a weight or an earlier output gets its
     own copy too. ``program`` is not modified and its weights are shared, not
     copied.
 
     With ``exact=True`` Inductor's lowering decides every output, so only those
     that would come back strided are copied, and then the loop is closed
-    (``strideguard.proof``): the fixed program is lowered again through the same
+    (``strideguard.prove.proof``): the fixed program is lowered again through the same
     pipeline (``backend``'s for an Edge program, with ``inductor_configs`` for an
     ATen one), any output still out of layout gets its copy in the strongest
     form, and ``LayoutNotReached`` is raised if even that does not hold. The
@@ -144,7 +144,7 @@ def densify_outputs(
 
     With ``pushdown``, a returned slice, select, narrow or split piece is
     first computed from pieces of its producers' inputs wherever that is
-    exact (``strideguard.pushdown``): dense by construction, with less
+    exact (``strideguard.decide.pushdown``): dense by construction, with less
     compute. Values may then differ from the original's by rounding (a
     smaller GEMM); ``verify(..., reference=program)`` measures by how much.
 
@@ -160,7 +160,7 @@ def densify_outputs(
     (``torch.channels_last``), its name, a dim order (``(0, 2, 3, 1)``), or
     ``"keep"`` to leave it as the compiler lays it out (reported, never
     copied). The fixed program records it, so ``inspect``, the proof and
-    ``verify`` judge the output against it (``strideguard.user_layouts``).
+    ``verify`` judge the output against it (``strideguard.decide.user_layouts``).
     """
     program = require_exported_program(program, "densify_outputs")
     require_flag(break_aliases, "break_aliases", "densify_outputs")
@@ -250,7 +250,7 @@ def aoti_compile_and_package(
     Same signature and return value (the package's path). The program is
     fixed with ``densify_outputs(exact=True)``: copies decided by Inductor's own
     lowering under ``inductor_configs``, then the fixed program lowered again
-    and repaired until every output is in its layout (``strideguard.proof``),
+    and repaired until every output is in its layout (``strideguard.prove.proof``),
     then compiled. ``program`` is not modified. Edge programs are compiled by
     ExecuTorch's AOTI backends: use ``strideguard.executorch.DenseOutputsPass``.
     ``layouts`` as in ``densify_outputs``.

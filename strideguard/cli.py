@@ -36,21 +36,21 @@ except ImportError:  # pragma: no cover
 
 from . import __version__, densify_outputs, inspect, prepare_for_aoti
 from .api import compile_proven
-from .proof import PROOF_KEY, Proof
-from .verification import verify as verify_program
-from .loading import (
-    Interrupted,
-    ProgramFileError,
+from .program.loading import (
     check_output_path,
+    Interrupted,
     interruptible,
     load_program,
+    ProgramFileError,
     save_program,
     write_output,
 )
-from .loading.errors import one_line
-from .isolation import DEFAULT_SECONDS, ChildFailed, Limits, LimitExceeded, run_isolated
-from .records import LayoutReport, VerifyReport
-from .tables import BLOCKS, NARROW, layout_shapes, literal, print_fitted, verify_shapes
+from .program.loading.errors import one_line
+from .program.records import LayoutReport, VerifyReport
+from .prove.isolation import ChildFailed, DEFAULT_SECONDS, LimitExceeded, Limits, run_isolated
+from .prove.proof import Proof, PROOF_KEY
+from .prove.verification import verify as verify_program
+from .tables import BLOCKS, layout_shapes, literal, NARROW, print_fitted, verify_shapes
 
 app = typer.Typer(
     add_completion=False,
@@ -282,7 +282,7 @@ def inspect_command(
 def _write_plot(loaded, report: LayoutReport, plot: str, program: Path, force: bool) -> None:
     """The picture goes through the same careful write as a fixed program: never over the input or another file."""
     try:
-        from .plot import plot_copies  # matplotlib loads only when a picture is asked for
+        from .plot import plot_copies
     except ModuleNotFoundError as missing:
         raise ProgramFileError(plot, f"--plot needs {missing.name}: pip install 'strideguard[plot]'") from None
 

@@ -32,15 +32,21 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, OutputKind as OutputSpecKind, OutputSpec, TensorArgument
 from torch.fx.passes.infra.pass_base import PassResult
 
-from .backends import resolve_backend, unavailable_note
-from .proof import Proof, fixed_and_proven
-from .targets import resolve_target, target_for
-from .rewrite import Pushdowns, fix_graph_in_place, lower_as_compiled, transformed
-from .dialect import dialect_of, dialect_of_graph
-from .view_conversion import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
-from .user_layouts import resolve_layouts
-from .program import lazy_graph_module, output_values, require_exported_program, require_flag, signature_following_graph
-from .quiet import quietly
+from .compiler.backends import resolve_backend, unavailable_note
+from .compiler.targets import resolve_target, target_for
+from .decide.user_layouts import resolve_layouts
+from .decide.view_conversion import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
+from .fix.engine import fix_graph_in_place, lower_as_compiled, Pushdowns, transformed
+from .program.dialect import dialect_of, dialect_of_graph
+from .program.exported import (
+    lazy_graph_module,
+    output_values,
+    require_exported_program,
+    require_flag,
+    signature_following_graph,
+)
+from .program.quiet import quietly
+from .prove.proof import fixed_and_proven, Proof
 
 COPY_OUTPUTS_BY_BACKEND = {"CudaBackend": True, "MetalBackend": False}
 """Whether a backend's outputs need strideguard's copies; backends not named here get them."""
@@ -69,10 +75,10 @@ class DenseOutputsPass(ExportedProgramPassBase):
     partitioner; by default the one naming the method ``forward``): its own
     passes and decomposition table, which ``preprocess`` runs after this pass,
     are taken into account
-    (``strideguard.backends``). With ``exact=True`` the decision is
+    (``strideguard.compiler.backends``). With ``exact=True`` the decision is
     Inductor's lowering through that backend's pipeline, and the fixed program
     is lowered again and repaired until every output is proven in layout
-    (``strideguard.proof``; ``LayoutNotReached`` otherwise).
+    (``strideguard.prove.proof``; ``LayoutNotReached`` otherwise).
 
     The lowering is for the device the backend compiles for (``CudaBackend``:
     CUDA, compute capability sm90 unless ``device`` names another, e.g.

@@ -30,10 +30,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from torch.export import ExportedProgram
 
-from . import layout
 from .api import output_facts
-from .loading.errors import one_line
-from .records import Action, LayoutReport, OutputLayout
+from .program import density
+from .program.loading.errors import one_line
+from .program.records import Action, LayoutReport, OutputLayout
 
 MAX_COLUMNS = 64
 MAX_ROWS = 32
@@ -156,7 +156,7 @@ def _storage(output: OutputLayout, value: torch.Tensor) -> Optional[_Storage]:
         return None
     shape, strides = tuple(output.shape), tuple(output.strides)
     extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides)) if all(shape) else 0
-    if tuple(layout.format_strides(value.stride())) == strides and isinstance(value.storage_offset(), int):
+    if tuple(density.format_strides(value.stride())) == strides and isinstance(value.storage_offset(), int):
         offset = value.storage_offset()
         size = max(value.untyped_storage().nbytes() // value.element_size(), offset + extent)
     else:
@@ -192,7 +192,7 @@ def _coverage(shape, strides, offset: int, start: int, row_width: int, rows: int
         return counts, first
     cell = np.full([1] * len(shape), offset, dtype=np.int64)
     element = np.zeros([1] * len(shape), dtype=np.int64)
-    for dim, (count, stride, element_stride) in enumerate(zip(reachable, strides, layout.strides_for_order(shape, range(len(shape))))):
+    for dim, (count, stride, element_stride) in enumerate(zip(reachable, strides, density.strides_for_order(shape, range(len(shape))))):
         steps = np.arange(count, dtype=np.int64).reshape([count if d == dim else 1 for d in range(len(shape))])
         cell = cell + steps * stride
         element = element + steps * element_stride
@@ -290,7 +290,7 @@ def _draw_returned(axis, output: OutputLayout, storage: _Storage, number: bool) 
 def _draw_dense(axis, output: OutputLayout, storage: _Storage, number: bool) -> None:
     """The same elements after fix, in rows as wide as the returned storage's (one scale, one orientation)."""
     order = tuple(output.target_dim_order)
-    dense = tuple(layout.strides_for_order(storage.shape, order))
+    dense = tuple(density.strides_for_order(storage.shape, order))
     numel = math.prod(storage.shape)
     width = storage.row_width
     first_row, rows, columns, rows_total = _window(numel, width, 0)

@@ -18,8 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from .loading.errors import one_line
-from .records import CELLS, LayoutReport, OutputCheck, OutputLayout, VerifyReport, shortened
+from .program.loading.errors import one_line
+from .program.records import CELLS, LayoutReport, OutputCheck, OutputLayout, shortened, VerifyReport
 
 LAYOUT_NARROW = ("#", "name", "shape", "dtype", "strides", "layout", "fix")
 """The columns of ``inspect``'s table that a narrower terminal still gets (``CELLS`` is the whole row)."""

@@ -38,15 +38,18 @@ from torch.export.graph_signature import InputKind, OutputKind as OutputSpecKind
 from torch.utils import _pytree as pytree
 
 import strideguard
-from strideguard import Action, layout
-from strideguard.rewrite import lower_as_compiled
-from strideguard.dialect import copy_call, dialect_of, target_dim_orders
-from strideguard.lowering import lower_edge_outputs, lower_outputs
-from strideguard.view_conversion import STRIDEGUARD
-from strideguard.program import copied_source
-from strideguard.program import copy_form_of, user_outputs
-from strideguard.dialect import is_involution
-from strideguard.verification import PUSHDOWN_TOLERANCE, compile_program
+from strideguard import Action
+from strideguard.program import density
+from strideguard.fix.engine import lower_as_compiled
+from strideguard.program.dialect import copy_call, dialect_of
+from strideguard.program.promises import target_dim_orders
+from strideguard.compiler.lowering import lower_edge_outputs, lower_outputs
+from strideguard.decide.view_conversion import STRIDEGUARD
+from strideguard.program.copies import copied_source
+from strideguard.program.copies import copy_form_of
+from strideguard.program.exported import user_outputs
+from strideguard.program.copies import is_involution
+from strideguard.prove.verification import PUSHDOWN_TOLERANCE, compile_program
 
 from .conftest import HAS_EXECUTORCH
 
@@ -929,8 +932,8 @@ def promised_order(node: Any) -> Optional[tuple[int, ...]]:
     if not _is_tensor_node(node):
         return None
     value = node.meta["val"]
-    order = layout.dim_order_of(value.shape, value.stride())
-    return order if order is not None else layout.identity_order(value.dim())
+    order = density.dim_order_of(value.shape, value.stride())
+    return order if order is not None else density.identity_order(value.dim())
 
 
 def prepare_for_aoti_problems(edge: ExportedProgram, input_sets: Sequence[tuple]) -> list[tuple[Optional[int], str]]:
@@ -1010,11 +1013,11 @@ def first_line(error: Exception) -> str:
 
 def _shown(values: Sequence) -> list:
     """Sizes or strides as reports write them: ints, and symbolic ones as text."""
-    return [v if isinstance(v, (int, str)) else layout.format_strides([v])[0] for v in values]
+    return [v if isinstance(v, (int, str)) else density.format_strides([v])[0] for v in values]
 
 
 def _has_elements(shape: Sequence) -> bool:
-    return not any(layout.same_sizes((size,), (0,)) for size in shape)
+    return not any(density.same_sizes((size,), (0,)) for size in shape)
 
 
 @dataclass
@@ -1162,7 +1165,7 @@ def _check_batch(specs: list[ProgramSpec], untouched: _Untouched) -> Sample:
             if record.kind != "tensor" or lowered is None or not _has_elements(lowered.shape):
                 continue
             order = record.target_dim_order
-            needed = layout.has_layout(lowered.shape, lowered.strides, order) is not True
+            needed = density.has_layout(lowered.shape, lowered.strides, order) is not True
             copied = record.action is Action.COPY
             where = f"{path}: {record.name} ({record.cause or record.explanation})"
             if record.in_target_layout is None:
@@ -1187,7 +1190,7 @@ def _check_batch(specs: list[ProgramSpec], untouched: _Untouched) -> Sample:
         for index, (order, lowered) in enumerate(zip(orders, lowering.outputs)):
             if order is None or lowered is None:
                 continue
-            if layout.has_layout(lowered.shape, lowered.strides, order) is not True:
+            if density.has_layout(lowered.shape, lowered.strides, order) is not True:
                 problem(index, f"{path}: Inductor lowers strides {_shown(lowered.strides)} for shape "
                                f"{_shown(lowered.shape)}, not those of dim order {list(order)}")
 
@@ -1277,7 +1280,7 @@ def _check_compiled(specs: list[ProgramSpec], plain: Any, directory: str) -> Sam
                 predicted = _at_batch(lowered.strides, program, batch)
                 expect(predicted is None or tuple(before.stride()) == predicted, i,
                        f"batch {batch}: AOTInductor returns strides {before.stride()}, its lowering said {predicted}")
-            expect(layout.has_layout(after.shape, after.stride(), layout.identity_order(after.dim())) is True, i,
+            expect(density.has_layout(after.shape, after.stride(), density.identity_order(after.dim())) is True, i,
                    f"batch {batch}: densified, AOTInductor returns strides {after.stride()}")
             expect(torch.equal(before, after) and _close(after, want), i, f"batch {batch}: values differ")
     return Sample(problems, {})
@@ -1340,8 +1343,8 @@ def computations_left_unread(original: torch.fx.Graph, rewritten: torch.fx.Graph
 
 
 def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> Sample:
-    from strideguard.pushdown import graph_flops
-    from strideguard.rewrite import Pushdowns, program_plan
+    from strideguard.decide.pushdown import graph_flops
+    from strideguard.fix.engine import Pushdowns, program_plan
 
     problems: list[tuple[int, str]] = []
     owners = _owners(specs)
@@ -1399,7 +1402,7 @@ def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> S
         for index, (lowered, order) in enumerate(zip(lowering.outputs, orders)):
             if lowered is None or order is None or not _has_elements(lowered.shape):
                 continue
-            expect(layout.has_layout(lowered.shape, lowered.strides, order) is True, index,
+            expect(density.has_layout(lowered.shape, lowered.strides, order) is True, index,
                    f"{name}: Inductor lowers strides {_shown(lowered.strides)}, not dim order {list(order)}")
     return Sample(problems, {})
 

@@ -1,83 +1,133 @@
-"""Data flows one way: analysis never imports a transform, and integrations use the engine, not a pass's insides.
+"""The tree is the pipeline: each stage folder imports only the stages before it, and says so.
 
-Read off the source with ``ast``, so a new import that breaks the layering
-fails here before it tangles the code.
+``strideguard/`` holds five stage folders, in the order a program goes through
+them, and at its top the modules users call. Read off the source with ``ast``,
+so a new import that breaks the layering fails here before it tangles the code;
+each folder's ``__init__`` states what it may import, and this test holds it to
+that statement.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "strideguard"
 
-ANALYSIS = ["analysis", "compiled_layout", "revisions", "replay", "view_conversion", "relayout", "pushdown", "inductor", "lowering", "layout", "dialect", "ops", "records", "fake_values", "program", "naming", "user_layouts"]
-"""What is decided about a graph; the passes read it, never the other way round."""
+STAGES = ["program", "compiler", "decide", "fix", "prove"]
+"""In pipeline order: what a program is, what the compiler will do to it, what strideguard decides, what it
+does, how it proves it. A stage imports itself and the stages before it, never one after."""
 
-INTEGRATIONS = ["executorch", "cuda_graphs", "verification", "cli", "tables", "plot", "demo", "api"]
-"""What users call: they reach the passes only through ``rewrite`` (one plan, one apply)."""
+CALLERS = {"__init__", "__main__", "api", "cli", "demo", "examples", "executorch", "plot", "tables", "testing"}
+"""Who calls it, at the top of the package: the API, the ExecuTorch integration, the command line and its
+tables, the plot, the demo and its examples, the test helpers for users."""
+
+ENGINE = "fix.engine"
+"""The one plan and its apply: outside ``fix``, the fix stage is reached only through its ``__all__``."""
+
+BEHIND_THE_PLAN = ("fix.passes", "decide.pushdown", "program.view_values")
+"""What the one plan holds and applies: a caller that reached one of them would plan or apply on its own,
+beside the plan (the side doors ``pushed_down``, ``replay.Geometry`` once were)."""
 
 
-def sources(module: str) -> list[Path]:
-    """A module's file, or every file of a package."""
-    package = PACKAGE / module
-    return sorted(package.glob("*.py")) if package.is_dir() else [PACKAGE / f"{module}.py"]
-
-
-def imported_modules(module: str) -> set[str]:
-    found = set()
-    for node in (node for path in sources(module) for node in ast.walk(ast.parse(path.read_text()))):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = (node.module or "").split(".")
-            found.add(".".join(base))
-            found.update(f"{'.'.join(base)}.{alias.name}".strip(".") for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("strideguard"):
-            found.add(node.module.removeprefix("strideguard."))
+def module_files() -> dict[str, Path]:
+    """Every module of the package by its dotted name under ``strideguard`` (a package by its own name)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        found[".".join(parts)] = path
     return found
 
 
-@pytest.mark.parametrize("module", ANALYSIS)
-def test_analysis_never_imports_a_pass(module):
-    assert not any(name.startswith("passes") for name in imported_modules(module)), imported_modules(module)
+MODULES = module_files()
 
 
-@pytest.mark.parametrize("module", INTEGRATIONS)
-def test_integrations_reach_passes_only_through_the_engine(module):
-    assert not any(name.startswith("passes") for name in imported_modules(module)), imported_modules(module)
+def imports_of(module: str) -> list[tuple[str, str]]:
+    """What ``module`` imports from the package: (module, name) for each name of each ``from`` import, the
+    module resolved from relative imports as Python resolves them."""
+    path = MODULES[module]
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+            source = ".".join([*base, *([node.module] if node.module else [])])
+        elif (node.module or "").split(".")[0] == "strideguard":
+            source = node.module.removeprefix("strideguard").lstrip(".")
+        else:
+            continue
+        for alias in node.names:
+            whole = f"{source}.{alias.name}".strip(".")
+            found.append((whole, "") if whole in MODULES else (source, alias.name))
+    return found
+
+
+def stage_of(module: str) -> str:
+    first = module.split(".")[0]
+    return first if first in STAGES else "callers"
+
+
+def test_every_module_is_in_a_stage_or_calls_it():
+    top = {module.split(".")[0] for module in MODULES}
+    assert top - set(STAGES) == CALLERS, "a module at the top of strideguard/ that is not a caller: put it in its stage"
+    assert all((PACKAGE / stage / "__init__.py").exists() for stage in STAGES)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_stage_imports_only_the_stages_before_it(stage):
+    allowed = set(STAGES[: STAGES.index(stage) + 1])
+    wrong = sorted(
+        f"{module} imports {source}"
+        for module in MODULES if stage_of(module) == stage
+        for source, _ in imports_of(module) if stage_of(source) not in allowed
+    )
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_each_stage_says_what_it_holds_and_what_it_may_import(stage):
+    import importlib
+
+    doc = importlib.import_module(f"strideguard.{stage}").__doc__ or ""
+    stated = re.search(r"May import: ([^.]*)\.", doc)
+    assert stated, f"strideguard/{stage}/__init__.py does not say what it may import ('May import: ...')"
+    said = {word.strip() for word in stated.group(1).replace(" and ", ",").split(",") if word.strip()}
+    before = set(STAGES[: STAGES.index(stage)])
+    assert said == (before or {"torch only"}), f"{stage} says it may import {sorted(said)}; it may import {sorted(before)}"
+    for module in (m for m in MODULES if m.startswith(f"{stage}.") and "." not in m.removeprefix(f"{stage}.")):
+        assert module.split(".")[-1] in doc, f"strideguard/{stage}/__init__.py does not name {module}"
+
+
+def test_outside_the_fix_stage_only_the_engines_public_surface_is_used():
+    import strideguard.fix.engine as engine
+
+    reached = sorted(
+        f"{module} imports {source}{'.' + name if name else ''}"
+        for module in MODULES if stage_of(module) != "fix"
+        for source, name in imports_of(module)
+        if stage_of(source) == "fix" and (source != ENGINE or name not in engine.__all__)
+    )
+    assert not reached, reached
+    assert all(hasattr(engine, name) for name in engine.__all__)
+
+
+def test_callers_never_reach_behind_the_plan():
+    reached = sorted(
+        f"{module} imports {source}"
+        for module in MODULES if stage_of(module) == "callers"
+        for source, _ in imports_of(module) if source.startswith(BEHIND_THE_PLAN)
+    )
+    assert not reached, reached
 
 
 def test_the_engine_is_what_applies_passes():
-    assert any(name.startswith("passes") for name in imported_modules("rewrite"))
-
-
-ENGINE_PARTS = ("passes", "replay", "pushdown")
-"""What the one plan holds and applies: an integration that reached one of them would plan or apply on
-its own, beside the plan (the side doors ``pushed_down``, ``replay.Geometry`` once were)."""
-
-
-def names_imported_from(module: str, source: str) -> set[str]:
-    return {
-        alias.name
-        for path in sources(module)
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ImportFrom) and node.level and (node.module or "") == source
-        for alias in node.names
-    }
-
-
-@pytest.mark.parametrize("module", INTEGRATIONS)
-def test_integrations_use_the_engine_only_through_its_public_surface(module):
-    import strideguard.rewrite
-
-    reached = sorted(name for name in imported_modules(module) if name.split(".")[0] in ENGINE_PARTS)
-    assert not reached, f"{module} reaches into the engine's parts: {reached}"
-    private = names_imported_from(module, "rewrite") - set(strideguard.rewrite.__all__)
-    assert not private, f"{module} imports from rewrite what its __all__ does not offer: {sorted(private)}"
-
-
-def test_the_public_surface_of_the_engine_exists():
-    import strideguard.rewrite
-
-    assert all(hasattr(strideguard.rewrite, name) for name in strideguard.rewrite.__all__)
+    users = {module for module in MODULES for source, _ in imports_of(module) if source.startswith("fix.passes")}
+    assert ENGINE in users
+    assert users <= {ENGINE} | {m for m in MODULES if m.startswith("fix.passes")}, sorted(users)

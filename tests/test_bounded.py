@@ -32,7 +32,7 @@ import pytest
 import torch
 
 import strideguard
-from strideguard.loading import limits
+from strideguard.program.loading import limits
 
 from . import costly, hostile, tiers
 
@@ -308,7 +308,7 @@ def test_the_largest_admitted_program_is_the_largest_built():
     ``MAX_EXPRESSIONS_TOTAL`` characters."""
     import zipfile
 
-    from strideguard.loading import ProgramFileError, load_program
+    from strideguard.program.loading import ProgramFileError, load_program
 
     folder = pathlib.Path(tempfile.mkdtemp(prefix="largest-"))
     try:
@@ -377,7 +377,7 @@ def test_the_librarys_verify_runs_within_its_limits():
     """``verify(timeout=..., memory=...)`` stops its child at either limit, with one line saying which;
     limits that are not positive numbers are refused before anything runs."""
     from strideguard.examples import export_policy
-    from strideguard.isolation import LimitExceeded
+    from strideguard.prove.isolation import LimitExceeded
 
     program = export_policy(batch=1)
     with pytest.raises(LimitExceeded, match="ran past the time limit of 1 s"):

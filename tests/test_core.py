@@ -11,11 +11,11 @@ import torch
 
 import strideguard
 from strideguard import Action, Alias, AliasKind, Reason
-from strideguard.dialect import is_involution
-from strideguard.layout import has_layout
-from strideguard.program import copied_source
-from strideguard.program import output_copies
-from strideguard.verification import check_compiled
+from strideguard.program.copies import is_involution
+from strideguard.program.density import has_layout
+from strideguard.program.copies import copied_source
+from strideguard.program.copies import output_copies
+from strideguard.prove.verification import check_compiled
 
 from . import programs
 from .conftest import run_compiled, run_eager

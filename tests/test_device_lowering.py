@@ -6,7 +6,7 @@ The SDPA modules follow ExecuTorch's own CUDA output-layout tests
 with a boolean mask and a sparse one), in float32 and bfloat16, and then every
 variant CUDA's kernel choice turns on (float masks, padded head dimensions,
 GQA, causal, a transposed query), under each kernel CUDA can be made to pick.
-Every lowering here runs on fake ``cuda:0`` tensors (``strideguard.fake_device``).
+Every lowering here runs on fake ``cuda:0`` tensors (``strideguard.compiler.fake_device``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import strideguard
-from strideguard import layout
-from strideguard.attention_kernels import CUDNN, EFFICIENT, FLASH, MATH
-from strideguard.backends import Backend
-from strideguard.dialect import target_dim_orders
-from strideguard.lowering import lower_edge_outputs, lower_outputs
-from strideguard.proof import PROOF_KEY
-from strideguard.targets import CPU, LoweringUnavailable, Target, resolve_target
+from strideguard.program import density
+from strideguard.compiler.attention_kernels import CUDNN, EFFICIENT, FLASH, MATH
+from strideguard.compiler.backends import Backend
+from strideguard.program.promises import target_dim_orders
+from strideguard.compiler.lowering import lower_edge_outputs, lower_outputs
+from strideguard.prove.proof import PROOF_KEY
+from strideguard.compiler.targets import CPU, LoweringUnavailable, Target, resolve_target
 
 from .conftest import HAS_EXECUTORCH, needs_executorch
 
@@ -74,7 +74,7 @@ def _in_layout(lowering, orders) -> list:
         for index, (out, order) in enumerate(zip(lowering.outputs, orders))
         if out is not None and order is not None
         for strides in out.every_strides
-        if layout.has_layout(out.shape, strides, order) is not True
+        if density.has_layout(out.shape, strides, order) is not True
     ]
 
 
@@ -207,7 +207,7 @@ def test_undecided_kernels_are_each_lowered_and_copied_where_they_differ():
 
 
 def test_the_private_entry_points_of_the_cuda_lowering_live_in_one_module():
-    """``strideguard.fake_device`` is the one place the CUDA lowering's private torch entry points are touched,
+    """``strideguard.compiler.fake_device`` is the one place the CUDA lowering's private torch entry points are touched,
     so that a new torch breaks one module, which says which versions it was checked on."""
     private = re.compile(
         r"get_device_properties|get_device_capability|is_bf16_supported|CudaInterface|_misc_patterns_init|"
@@ -218,8 +218,8 @@ def test_the_private_entry_points_of_the_cuda_lowering_live_in_one_module():
         str(path.relative_to(package)) for path in package.rglob("*.py")
         if private.search(path.read_text()) and path.name != "fake_device.py"
     )
-    assert touching == ["targets.py"], touching  # targets.py asks a GPU that is present for its capability
-    assert "get_device_capability(0)" in (package / "targets.py").read_text()
+    assert touching == ["compiler/targets.py"], touching  # targets.py asks a GPU that is present for its capability
+    assert "get_device_capability(0)" in (package / "compiler" / "targets.py").read_text()
 
 
 def test_targets_are_named_as_users_write_them():
@@ -256,7 +256,7 @@ def _two_views():
 
 @pytest.mark.lowers
 def test_an_unchecked_torch_is_said_and_the_fix_copies_every_output_unproven(monkeypatch, caplog):
-    monkeypatch.setattr("strideguard.fake_device.CHECKED_ON", ("1.0",))
+    monkeypatch.setattr("strideguard.compiler.fake_device.CHECKED_ON", ("1.0",))
     program = _two_views()
     with pytest.raises(LoweringUnavailable, match="checked on torch 1.0"):
         lower_outputs(program, target=CUDA)
@@ -276,8 +276,8 @@ def test_a_program_on_cuda_tensors_is_lowered_for_cuda():
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from strideguard.backends import resolve_backend
-    from strideguard.targets import target_for
+    from strideguard.compiler.backends import resolve_backend
+    from strideguard.compiler.targets import target_for
 
     graph = torch.fx.Graph()
     with FakeTensorMode():
@@ -294,7 +294,7 @@ def test_a_lowering_for_an_absent_device_leaves_torch_as_it_found_it():
     """The patches hold for one lowering only: torch's CUDA answers and Inductor's device cache are back after."""
     from torch._inductor.runtime.hints import DeviceProperties
 
-    from strideguard.fake_device import lowering_for
+    from strideguard.compiler.fake_device import lowering_for
 
     capability = torch.cuda.get_device_capability
     lower_outputs(_two_views(), target=resolve_target("cuda:sm87", function="t"))
@@ -331,7 +331,7 @@ def test_executorch_sdpa_modules_through_the_cuda_backend_come_back_in_layout(ex
     from executorch.backends.cuda.cuda_backend import CudaBackend
     from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-    from strideguard.backends import resolve_backend
+    from strideguard.compiler.backends import resolve_backend
     from strideguard.executorch import DenseOutputsPass
     from strideguard.testing.executorch_cpu import aoti_edge_program
 
@@ -391,7 +391,7 @@ class VersionedRules(nn.Module):
 
 @pytest.mark.lowers
 def test_the_installed_torchs_rules_are_followed_and_the_fix_holds_under_each():
-    from strideguard.attention_kernels import _TORCH
+    from strideguard.compiler.attention_kernels import _TORCH
 
     generator = torch.Generator().manual_seed(3)
     inputs = tuple(torch.randn(*shape, generator=generator) for shape in

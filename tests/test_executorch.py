@@ -22,11 +22,12 @@ from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPa
 
 import strideguard
 from strideguard import Action
-from strideguard.dialect import aten_op, is_view_op
+from strideguard.program.dialect import aten_op
+from strideguard.program.ops import is_view_op
 from strideguard.executorch import DenseOutputsPass, ReplaceViewCopyWithViewPass, protect_partitioner
-from strideguard.layout import dim_order_of, has_layout
-from strideguard.program import copied_source
-from strideguard.program import output_copies
+from strideguard.program.density import dim_order_of, has_layout
+from strideguard.program.copies import copied_source
+from strideguard.program.copies import output_copies
 from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, lower_and_run
 
 from bench.synthetic import export_view_heavy
@@ -311,7 +312,7 @@ def test_the_installed_executorch_view_table_is_followed(monkeypatch):
     from executorch.backends.aoti.passes import replace_view_copy_with_view as installed
     from executorch.exir.dialects._ops import ops as exir_ops
 
-    from strideguard.lowering import lower_edge_outputs
+    from strideguard.compiler.lowering import lower_edge_outputs
     from strideguard.testing.executorch_cpu import aoti_edge_program
 
     torch.manual_seed(0)
@@ -343,7 +344,7 @@ def test_compute_after_a_view_copy_of_a_channels_last_value_is_copied_as_inducto
     in the view's layout, and the ``neg`` reading it follows: the output came back ``(30, 1, 10, 10, 2)``
     where strideguard predicted it contiguous and copied nothing (found by ``make fuzz``, in a batch whose
     other part hid it)."""
-    from strideguard.lowering import lower_edge_outputs
+    from strideguard.compiler.lowering import lower_edge_outputs
 
     x = torch.randn(3, 4, 3, 5).to(memory_format=torch.channels_last)
     edge = to_edge(torch.export.export(ReshapedIntegerOfChannelsLast(), (x,))).exported_program()

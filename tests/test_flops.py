@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from strideguard.pushdown import graph_flops, plan_pushdowns
+from strideguard.decide.pushdown import graph_flops, plan_pushdowns
 
 
 class ConvThenHead(nn.Module):

@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 import strideguard
-from strideguard import Action, layout
-from strideguard.lowering import lower_outputs
+from strideguard import Action
+from strideguard.program import density
+from strideguard.compiler.lowering import lower_outputs
 
 READERS = {
     "softmax": lambda t: t.softmax(-1),
@@ -68,7 +69,7 @@ def test_size_one_strides_are_predicted_as_inductor_lowers_them(program):
     for name, record, low in zip(names, records, lowered):
         assert record.in_target_layout is not None, f"{name}: left to Inductor ({record.explanation})"
         assert tuple(record.strides) == tuple(low.strides), f"{name}: predicted {record.strides}, lowered {low.strides}"
-        needed = layout.has_layout(low.shape, low.strides, record.target_dim_order) is not True
+        needed = density.has_layout(low.shape, low.strides, record.target_dim_order) is not True
         assert (record.action is Action.COPY) == needed, f"{name}: copied {record.action}, needed {needed}"
         if needed:
             strided.append(name.split(" of a transposed")[0])
@@ -80,7 +81,7 @@ def test_the_fixed_program_lowers_every_result_in_layout(program):
     fixed = strideguard.densify_outputs(program)
     lowered = lower_outputs(fixed).outputs
     for name, low in zip(_names(), lowered):
-        assert layout.has_layout(low.shape, low.strides, layout.identity_order(len(low.shape))) is True, (
+        assert density.has_layout(low.shape, low.strides, density.identity_order(len(low.shape))) is True, (
             f"{name}: {low.strides} after densify_outputs")
     inputs = (torch.randn(1, 1, 1, 4), torch.randn(2, 3, 5, 4))
     for want, got in zip(program.module()(*inputs), fixed.module()(*inputs)):
@@ -91,7 +92,7 @@ def test_the_fixed_program_lowers_every_result_in_layout(program):
 def test_past_its_budget_the_walk_leaves_the_result_to_inductor_and_it_is_copied(program, monkeypatch):
     """Working the values out is bounded (``INDUCTOR_VALUE_BUDGET`` nodes a plan): past it, a returned result
     with a size-one dimension is left to Inductor, copied, and the copy holds."""
-    from strideguard import compiled_layout
+    from strideguard.compiler import compiled_layout
 
     monkeypatch.setattr(compiled_layout, "INDUCTOR_VALUE_BUDGET", 1)
     records = strideguard.inspect(program).outputs
@@ -106,4 +107,4 @@ def test_past_its_budget_the_walk_leaves_the_result_to_inductor_and_it_is_copied
             assert record.in_target_layout is not None, (name, record.explanation)
     assert left > len(READERS)
     fixed = lower_outputs(strideguard.densify_outputs(program)).outputs
-    assert all(layout.has_layout(low.shape, low.strides, layout.identity_order(len(low.shape))) is True for low in fixed)
+    assert all(density.has_layout(low.shape, low.strides, density.identity_order(len(low.shape))) is True for low in fixed)

@@ -5,10 +5,10 @@ re-laid, aliased and oddly shaped graphs the project has. Combined into one
 ATen program and its two Edge forms, they check two shortcuts against the
 plain way of doing the same thing:
 
-- ``relayout.RelaidNodes`` decides a node only when asked, inputs first,
+- ``compiler.relayout.RelaidNodes`` decides a node only when asked, inputs first,
   and remembers. Asked in any order it must give what one pass over the graph
   in order gives (the way ``relaid_nodes`` did it before).
-- ``program.copy_of_graph`` builds each node without its positional
+- ``program.exported.copy_of_graph`` builds each node without its positional
   arguments and sets them after. It must give what ``copy.deepcopy`` of the
   graph gives (with the original names), and leave the graph it copies alone.
 """
@@ -23,10 +23,10 @@ import random
 import pytest
 import torch
 
-from strideguard import relayout
-from strideguard.dialect import is_view_op
-from strideguard.program import _keeping_names, copy_of_graph
-from strideguard.view_conversion import NO_CONVERSION, STRIDEGUARD, plan_view_conversion
+from strideguard.compiler import relayout
+from strideguard.program.ops import is_view_op
+from strideguard.program.exported import _keeping_names, copy_of_graph
+from strideguard.decide.view_conversion import NO_CONVERSION, STRIDEGUARD, plan_view_conversion
 
 from . import generated
 from .conftest import HAS_EXECUTORCH

@@ -7,7 +7,7 @@ import operator
 import pytest
 import torch
 
-from strideguard import ops
+from strideguard.program import ops
 
 from .conftest import needs_executorch
 

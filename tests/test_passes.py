@@ -12,13 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from strideguard.analysis import analyze_outputs
-from strideguard.dialect import Dialect, dialect_of
-from strideguard.passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
-from strideguard.passes.insert_output_copies import CopyForm, copy_form_for, insert_output_copies
-from strideguard.passes.view_copies_to_views import convert_views
-from strideguard.program import COPY_TAG, copy_graph, rebuild
-from strideguard.view_conversion import STRIDEGUARD, plan_view_conversion
+from strideguard.decide.facts import analyze_outputs
+from strideguard.program.dialect import Dialect, dialect_of
+from strideguard.fix.passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
+from strideguard.program.copies import CopyForm, copy_form_for
+from strideguard.fix.passes.insert_output_copies import insert_output_copies
+from strideguard.fix.passes.view_copies_to_views import convert_views
+from strideguard.program.copies import COPY_TAG
+from strideguard.program.exported import copy_graph, rebuild
+from strideguard.decide.view_conversion import STRIDEGUARD, plan_view_conversion
 
 from .conftest import needs_executorch
 

@@ -18,15 +18,17 @@ import torch.nn.functional as F
 from torch import nn
 
 import strideguard
-from strideguard import LayoutNotReached, layout
-from strideguard.dialect import target_dim_orders
-from strideguard.lowering import LoweringUnavailable, lower_edge_outputs, lower_outputs
-from strideguard.passes import insert_output_copies
-from strideguard.passes.insert_output_copies import CopyForm
-from strideguard.program import copy_form_of, output_values
-from strideguard.proof import PROOF_KEY
+from strideguard import LayoutNotReached
+from strideguard.program import density
+from strideguard.program.promises import target_dim_orders
+from strideguard.compiler.lowering import LoweringUnavailable, lower_edge_outputs, lower_outputs
+from strideguard.fix.passes import insert_output_copies
+from strideguard.program.copies import CopyForm
+from strideguard.program.copies import copy_form_of
+from strideguard.program.exported import output_values
+from strideguard.prove.proof import PROOF_KEY
 
-from strideguard.backends import resolve_backend
+from strideguard.compiler.backends import resolve_backend
 
 from . import tiers
 from .conftest import HAS_EXECUTORCH, needs_executorch
@@ -125,7 +127,7 @@ def test_unfixed_delegate_breaks_the_promise_where_exact_inspect_says(cases_edge
     report = strideguard.inspect(cases_edge, exact=True, backend=CPU_TWIN)
     assert [o.strides for o in report.outputs] == _strides(twin_unfixed.outputs)
     orders = target_dim_orders(cases_edge)
-    broken = [i for i, (v, order) in enumerate(zip(twin_unfixed.outputs, orders)) if layout.has_layout(v.shape, v.stride(), order) is not True]
+    broken = [i for i, (v, order) in enumerate(zip(twin_unfixed.outputs, orders)) if density.has_layout(v.shape, v.stride(), order) is not True]
     assert {0, 1, 2, 3} <= set(broken), broken  # the three SDPAs and a pointwise op after one
     assert {6, 8, 10, 12} <= set(broken), broken  # the views: narrow, split chunk, conv and linear slices
     assert sorted(o.index for o in report.outputs if not o.ok) == broken
@@ -140,7 +142,7 @@ def test_dense_outputs_pass_exact_proves_and_delivers_every_layout(cases, cases_
     dense, fixed = twin_fixed
     orders = target_dim_orders(cases_edge)
     for index, (value, order) in enumerate(zip(fixed.outputs, orders)):
-        assert layout.has_layout(value.shape, value.stride(), order) is True, (index, value.stride(), order)
+        assert density.has_layout(value.shape, value.stride(), order) is True, (index, value.stride(), order)
     for index, (got, want) in enumerate(zip(fixed.outputs, twin_unfixed.outputs)):
         assert torch.equal(got, want), f"output {index} differs from the unfixed delegate's"
     with torch.no_grad():
@@ -166,7 +168,7 @@ def test_plain_aoti_compile_and_package_returns_every_output_contiguous(cases, t
         got, want = fixed(*case_inputs()), unfixed(*case_inputs())
     assert any(not v.is_contiguous() for v in want), "the unfixed compile must show the failure"
     for index, (g, w) in enumerate(zip(got, want)):
-        assert layout.has_layout(g.shape, g.stride(), tuple(range(g.dim()))) is True, (index, g.stride())
+        assert density.has_layout(g.shape, g.stride(), tuple(range(g.dim()))) is True, (index, g.stride())
         assert torch.equal(g, w), f"output {index} differs from the unfixed compile's"
     assert cases.module()(*case_inputs())[0].shape == got[0].shape  # the program handed in still runs
     # Output 4 is computed in place into CPU flash attention's own output, whose size-one dimension has the
@@ -189,7 +191,7 @@ def test_prepare_for_aoti_exact_is_proven_through_the_backend(cases_edge):
     assert proof.rounds >= 1 and proof.backend == CPU_TWIN.__name__
     lowering = lower_edge_outputs(prepared, backend=resolve_backend(CPU_TWIN, function="test"))
     for lowered, order in zip(lowering.outputs, target_dim_orders(prepared)):
-        assert layout.has_layout(lowered.shape, lowered.strides, order) is True
+        assert density.has_layout(lowered.shape, lowered.strides, order) is True
     prepared.validate()
 
 
@@ -299,7 +301,7 @@ def test_closed_loop_raises_where_no_copy_can_hold(monkeypatch):
 
 def test_lowering_unavailable_is_said(monkeypatch):
     """A torch whose Inductor lacks the hook the oracle stops at: said, never a silent full compile."""
-    monkeypatch.setattr("strideguard.lowering._HOOK", "_hook_this_torch_lacks")
+    monkeypatch.setattr("strideguard.compiler.lowering._HOOK", "_hook_this_torch_lacks")
     with pytest.raises(LoweringUnavailable, match="no _hook_this_torch_lacks hook"):
         strideguard.inspect(_logical_not_program(), exact=True)
     with pytest.raises(LoweringUnavailable):

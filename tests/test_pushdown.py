@@ -14,8 +14,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 import strideguard
-from strideguard.pushdown import graph_flops
-from strideguard.verification import PUSHDOWN_TOLERANCE, check_compiled
+from strideguard.decide.pushdown import graph_flops
+from strideguard.prove.verification import PUSHDOWN_TOLERANCE, check_compiled
 
 from . import generated
 from .conftest import _compile, needs_executorch
@@ -250,7 +250,7 @@ def test_verify_refuses_a_tolerance_that_is_not_a_pair(program):
 
 
 def test_a_reference_difference_is_judged_by_the_tolerance_given():
-    from strideguard.verification import OutputCheck, _against_reference
+    from strideguard.prove.verification import OutputCheck, _against_reference
 
     reference = torch.linspace(-1, 1, 64)
     nudged = reference + 1e-6

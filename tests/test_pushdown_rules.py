@@ -20,7 +20,7 @@ from torch import nn
 
 import strideguard
 from strideguard import PUSHDOWN_TOLERANCE
-from strideguard.pushdown import plan_pushdowns
+from strideguard.decide.pushdown import plan_pushdowns
 
 aten = torch.ops.aten
 
@@ -138,7 +138,7 @@ def test_a_rule_moves_the_cut_into_its_op_or_leaves_it(case: Case):
 def test_every_rule_has_a_case():
     """Each rule function in the table carries a node of some case above into its pushed region (the
     ``matmul`` rule: the hand-built graph below)."""
-    from strideguard.pushdown import rules
+    from strideguard.decide.pushdown import rules
 
     exercised = {rules._matmul}
     for case in CASES:
@@ -151,8 +151,8 @@ def test_every_rule_has_a_case():
 
 def test_planning_pushdowns_leaves_the_handed_graph_alone():
     """``make_plan`` applies pushdowns to a working copy it owns, never to the graph it is handed."""
-    from strideguard.rewrite import Pushdowns, program_plan
-    from strideguard.view_conversion import STRIDEGUARD
+    from strideguard.fix.engine import Pushdowns, program_plan
+    from strideguard.decide.view_conversion import STRIDEGUARD
 
     case = CASES[0]
     program = torch.export.export(case.module().eval(), case.inputs())
@@ -165,8 +165,8 @@ def test_planning_pushdowns_leaves_the_handed_graph_alone():
 def test_matmul_which_export_decomposes_is_pushed_through_in_a_graph_that_keeps_it():
     """``torch.export`` turns ``matmul`` into ``mm``/``bmm``, but a graph built by a tool that keeps
     composite ops can hold it: the rule narrows the rows of the first operand."""
-    from strideguard.dialect import Dialect
-    from strideguard.passes.push_pieces_into_producers import push_pieces_into_producers
+    from strideguard.program.dialect import Dialect
+    from strideguard.fix.passes.push_pieces_into_producers import push_pieces_into_producers
 
     a, b = torch.randn(3, 4, 5), torch.randn(5, 6)
     graph = torch.fx.Graph()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings, strategies as st
 
-from strideguard.replay import Geometry, view_geometry
+from strideguard.program.view_values import Geometry, view_geometry
 
 aten = torch.ops.aten
 
@@ -131,8 +131,8 @@ def test_a_chain_of_views_is_replayed_without_a_dispatch_per_view(monkeypatch):
     fake tensor held the chain of view functions before it: quadratic memory)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from strideguard import replay as replay_module
-    from strideguard.dialect import is_view_op
+    from strideguard.program import view_values as replay_module
+    from strideguard.program.ops import is_view_op
 
     graph = torch.fx.Graph()
     mode = FakeTensorMode()

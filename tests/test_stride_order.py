@@ -1,4 +1,4 @@
-"""``layout.dim_order_of`` and ``layout.same_order`` remember their answers per tuple of static strides (a plan
+"""``program.density.dim_order_of`` and ``program.density.same_order`` remember their answers per tuple of static strides (a plan
 asks them thousands of times of a few tuples): the remembered answer is the plain one on every stride tuple
 hypothesis finds, and symbolic strides, which cannot be remembered, still take the slow path."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from strideguard import layout
+from strideguard.program import density
 
 strides = st.lists(st.integers(min_value=0, max_value=6), max_size=5)
 
@@ -23,15 +23,15 @@ def test_remembered_stride_orders_are_the_plain_ones(first, data):
     shape = (2,) * len(first)
     for _ in range(2):  # asked again: the remembered answer
         # ExecuTorch's dim order: a stable sort by decreasing stride
-        assert layout.dim_order_of(shape, first) == tuple(sorted(range(len(first)), key=lambda d: -first[d]))
-        assert layout.same_order(shape, first, second) == (_relations(first) == _relations(second))
+        assert density.dim_order_of(shape, first) == tuple(sorted(range(len(first)), key=lambda d: -first[d]))
+        assert density.same_order(shape, first, second) == (_relations(first) == _relations(second))
 
 
 def test_symbolic_strides_take_the_slow_path_without_a_guard():
     shape_env = ShapeEnv()
     size = shape_env.create_unbacked_symint()
     shape, symbolic = (2, size), (size, 1)
-    assert layout.dim_order_of(shape, symbolic) is None  # size >= 1 is not known of an unbacked size
-    assert layout.same_order(shape, symbolic, symbolic) is False  # unproven counts as not alike
-    assert layout.same_order(shape, (4, 1), (5, 1)) is True
+    assert density.dim_order_of(shape, symbolic) is None  # size >= 1 is not known of an unbacked size
+    assert density.same_order(shape, symbolic, symbolic) is False  # unproven counts as not alike
+    assert density.same_order(shape, (4, 1), (5, 1)) is True
     assert not shape_env.guards

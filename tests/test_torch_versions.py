@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 import strideguard
-from strideguard import Action, layout
-from strideguard.lowering import lower_outputs
-from strideguard.proof import PROOF_KEY
+from strideguard import Action
+from strideguard.program import density
+from strideguard.compiler.lowering import lower_outputs
+from strideguard.prove.proof import PROOF_KEY
 
 
 class ChangedLowerings(nn.Module):
@@ -48,7 +49,7 @@ def test_views_of_ops_whose_lowering_changed_are_predicted_by_the_installed_indu
     report = strideguard.inspect(program)
     lowering = lower_outputs(program)
     for record, lowered in zip(report.outputs, lowering.outputs):
-        needed = layout.has_layout(lowered.shape, lowered.strides, record.target_dim_order) is not True
+        needed = density.has_layout(lowered.shape, lowered.strides, record.target_dim_order) is not True
         copied = record.action is Action.COPY
         if record.in_target_layout is None:
             assert copied, f"[{record.index}] left to Inductor but not copied"
@@ -65,7 +66,7 @@ def test_every_output_lands_in_layout_on_the_installed_torch():
     program = _program()
     for fixed in (strideguard.densify_outputs(program), strideguard.densify_outputs(program, exact=True)):
         for index, lowered in enumerate(lower_outputs(fixed).outputs):
-            order = layout.identity_order(len(lowered.shape))
-            assert layout.has_layout(lowered.shape, lowered.strides, order) is True, (index, lowered.strides)
+            order = density.identity_order(len(lowered.shape))
+            assert density.has_layout(lowered.shape, lowered.strides, order) is True, (index, lowered.strides)
     proof = strideguard.densify_outputs(program, exact=True).graph_module.meta[PROOF_KEY]
     assert proof.rounds == 1

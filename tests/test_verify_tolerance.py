@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch.export.graph_signature import OutputKind, OutputSpec, TensorArgument
 
 import strideguard
-from strideguard.program import UserOutput
-from strideguard.verification import (
+from strideguard.program.exported import UserOutput
+from strideguard.prove.verification import (
     EAGER_TOLERANCES,
     _check_one,
     _computed_on_the_way,

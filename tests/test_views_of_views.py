@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 import strideguard
-from strideguard import Action, layout
-from strideguard.lowering import lower_outputs
+from strideguard import Action
+from strideguard.program import density
+from strideguard.compiler.lowering import lower_outputs
 
 SEALED = {
     "diagonal of diagonal": lambda t: t.diagonal(0, 0, 1).diagonal(),
@@ -78,8 +79,8 @@ def test_views_of_views_are_predicted_as_inductor_lowers_them(judged):
     assert len(names) == len(records)
     sealed_seen = 0
     for (name, sealed), record, low in zip(names, records, lowered):
-        needed = layout.has_layout(low.shape, low.strides, record.target_dim_order) is not True
-        if sealed and layout.is_non_overlapping_and_dense(low.shape, low.strides) is True:
+        needed = density.has_layout(low.shape, low.strides, record.target_dim_order) is not True
+        if sealed and density.is_non_overlapping_and_dense(low.shape, low.strides) is True:
             sealed_seen += 1
             assert record.in_target_layout is not None, f"{name}: Inductor's copy is decided, left undecided"
         if record.in_target_layout is None:

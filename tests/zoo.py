@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 import strideguard
-from strideguard import Action, layout
-from strideguard.dialect import target_dim_orders
-from strideguard.lowering import lower_edge_outputs, lower_outputs
+from strideguard import Action
+from strideguard.program import density
+from strideguard.program.promises import target_dim_orders
+from strideguard.compiler.lowering import lower_edge_outputs, lower_outputs
 
 from . import programs, robots
 from .generated import computations_left_unread
@@ -270,12 +271,12 @@ def _judge(model: str, path: str, report, returned_before: list, returned_after:
         if record.kind != "tensor" or before is None:
             continue
         shape, strides = before
-        if layout.has_layout(shape, strides, order) is not True:
+        if density.has_layout(shape, strides, order) is not True:
             needed.append(record.index)
-        empty = any(layout.same_sizes((s,), (0,)) for s in shape)
+        empty = any(density.same_sizes((s,), (0,)) for s in shape)
         if record.in_target_layout is not None and not empty and _text(record.strides) != _text(strides):
             mispredicted.append(f"[{record.index}] {record.name}: predicted {_text(record.strides)}, got {_text(strides)}")
-        if fixed is not None and layout.has_layout(fixed[0], fixed[1], order) is not True:
+        if fixed is not None and density.has_layout(fixed[0], fixed[1], order) is not True:
             after.append(f"[{record.index}] {record.name}: {_text(fixed[1])} after the fix")
     return Judgement(
         model=model, path=path, outputs=len(report.outputs), needed=needed,
@@ -286,7 +287,7 @@ def _judge(model: str, path: str, report, returned_before: list, returned_after:
 
 
 def _text(values) -> list:
-    return [v if isinstance(v, (int, str)) else layout.format_strides([v])[0] for v in values]
+    return [v if isinstance(v, (int, str)) else density.format_strides([v])[0] for v in values]
 
 
 def _lowered(lowering) -> list:
@@ -322,7 +323,7 @@ def judge_aten(model: ZooModel, *, compile: bool = False, directory: Optional[st
     if not compile:
         return _judge(model.name, "aten", report, _lowered(lower_outputs(program)), _lowered(lower_outputs(fixed)),
                       orders, "lowering")
-    from strideguard.verification import compile_program
+    from strideguard.prove.verification import compile_program
 
     inputs = program.example_inputs[0]
     with torch.no_grad():
@@ -430,8 +431,8 @@ def judge_proven(model: ZooModel, path: str, *, directory: str) -> ProvenJudgeme
     """ATen: ``densify_outputs(exact=True)``, then ``strideguard.verify`` (AOTInductor against eager, per-dtype
     tolerances, layouts). Edge: ``DenseOutputsPass(exact=True)`` for the CPU twin of the CUDA backend inside
     ExecuTorch's lowering, the delegate run and held to the same layouts and tolerances."""
-    from strideguard.proof import PROOF_KEY
-    from strideguard.verification import _output_tolerance, _values_match
+    from strideguard.prove.proof import PROOF_KEY
+    from strideguard.prove.verification import _output_tolerance, _values_match
 
     program = model.export()
     inputs = tuple(program.example_inputs[0])
@@ -456,7 +457,7 @@ def judge_proven(model: ZooModel, path: str, *, directory: str) -> ProvenJudgeme
     for index, (got, want, order) in enumerate(zip(run.outputs, expected, orders)):
         if not isinstance(want, torch.Tensor):
             continue
-        if order is not None and layout.has_layout(tuple(got.shape), tuple(got.stride()), order) is not True:
+        if order is not None and density.has_layout(tuple(got.shape), tuple(got.stride()), order) is not True:
             after.append(f"[{index}] strides {tuple(got.stride())}, not dim order {list(order)}")
         tolerance = _output_tolerance(want.dtype)
         if not _values_match(got, want, tolerance):
@@ -517,7 +518,7 @@ def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directo
     """``densify_outputs(pushdown=True)`` (ATen) or ``DenseOutputsPass(pushdown=True)`` (Edge, ExecuTorch's AOTI
     path): the logits pushed into the model, fewer FLOPs, every output in its target layout, and values within
     the pushdown tolerance of the unfixed program's."""
-    from strideguard.pushdown import graph_flops
+    from strideguard.decide.pushdown import graph_flops
 
     program = model.export()
     original = program if path == "aten" else edge_of(program)
@@ -540,7 +541,7 @@ def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directo
         source = "lowering"
     else:
         from strideguard.testing.executorch_cpu import lower_and_run
-        from strideguard.verification import compile_program
+        from strideguard.prove.verification import compile_program
 
         workdir = os.path.join(directory, model.name, f"{path}-pushdown")
         with torch.no_grad():
@@ -554,7 +555,7 @@ def judge_pushdown(model: ZooModel, path: str, *, compile: bool = False, directo
         returned, error, source = _measured(after), _largest_difference(before, after), "compiled"
     strided = [
         f"[{i}] {_text(r[1])}" for i, (r, order) in enumerate(zip(returned, orders))
-        if r is not None and order is not None and layout.has_layout(r[0], r[1], order) is not True
+        if r is not None and order is not None and density.has_layout(r[0], r[1], order) is not True
     ]
     return PushdownJudgement(
         model=model.name, path=path, pushed=pushed, saved=saved, flops_before=graph_flops(original.graph),
@@ -589,8 +590,8 @@ def judge_cuda(model: ZooModel, path: str, *, compare: bool = False) -> CudaJudg
     program, every output in its target layout under every kernel choice (``after`` lists those that are not:
     what ``LayoutNotReached`` would have named). With ``compare``, also lower the unfixed program for the CPU
     and for CUDA and list where they differ (``make zoo``, docs/benchmarks.md)."""
-    from strideguard.proof import PROOF_KEY
-    from strideguard.targets import resolve_target
+    from strideguard.prove.proof import PROOF_KEY
+    from strideguard.compiler.targets import resolve_target
 
     cuda = resolve_target("cuda", function="zoo")
     program = program_of(model, path)

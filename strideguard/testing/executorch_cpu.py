@@ -33,7 +33,7 @@ from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPa
 from torch.export import ExportedProgram
 from torch.export.graph_signature import OutputKind as OutputSpecKind
 
-from ..program import private_program
+from ..program.exported import private_program
 
 _CPU_SHIM_PREFIX = "aoti_torch_cpu_"
 _SO_BLOB_KEY_SUFFIX = "_so_blob"

@@ -1,0 +1,258 @@
+"""Inductor's lowering for a device this machine lacks: every private torch entry point it touches, in one place.
+
+Inductor's CUDA lowering needs no GPU up to the point where every output's
+layout is fixed (``GraphLowering.output``): it traces fake tensors. What it
+does need is answers a CUDA runtime would give, asked in a few private
+places. This module gives them, for the duration of one lowering and under a
+lock (they are process-wide), and nowhere else in strideguard is a private
+torch entry point of the CUDA lowering touched:
+
+* ``torch.cuda.get_device_properties``/``get_device_capability``/
+  ``is_bf16_supported``/``device_count``/``current_device`` and the same on
+  Dynamo's ``CudaInterface``, which captured them at import: a device of the
+  target's compute capability (``torch.cuda.is_available`` stays ``False``,
+  or AOTAutograd would save CUDA random-number state);
+* ``torch._inductor.runtime.hints.DeviceProperties.create``'s cache, cleared
+  before and after, so no later compile sees the assumed device;
+* ``fx_passes.misc_patterns._misc_patterns_init``, which traces example
+  patterns with real tensors on the input's device: traced on the CPU (the
+  patterns do not depend on it);
+* ``scheduler.has_triton``: the scheduler refuses a GPU without a working
+  Triton before it reaches the pre-fusion hook where the layouts are read;
+* ``graph.is_same_tensor``: Inductor dedupes constants by data pointer, which
+  is 0 for every fake tensor; compared by storage instead;
+* ``torch._C._get_sdp_priority_order``: the SDPA kernel priority a user's
+  ``sdpa_kernel(..., set_priority=True)`` sets, for the kernel choice
+  (``strideguard.compiler.attention_kernels``);
+* ``FakeTensor.item``/``tolist``: Inductor inlines small constants by their
+  values; the fake device tensor answers with its real CPU values (zeros for
+  a constant made while tracing: values never reach a layout).
+
+Two options change what is compiled, both per call: the uniform-value
+constant folder builds real tensors on the device, so it is off
+(``joint_graph_constant_folding``; it only turns a constant-valued
+computation into a ``full``); the FX graph cache is off, as for the CPU.
+
+Where a GPU of the target's capability is present, nothing is patched: the
+same fake tensors are lowered with the real device's answers.
+
+``CHECKED_ON`` lists the torch versions these patches were checked on; any
+other raises ``LoweringUnavailable`` naming the version, and the fix falls
+back to copying, reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Optional
+from unittest import mock
+
+import torch
+from torch.fx import GraphModule
+
+from .targets import LoweringUnavailable, Target
+
+CHECKED_ON = ("2.13", "2.14")
+"""torch versions (major.minor) whose CUDA lowering ran here with these patches (torch 2.13.0 CPU build with
+Triton 3.7.1; torch 2.14.1 CUDA build, no GPU, with Triton 3.8.0)."""
+
+OPTIONS = {"joint_graph_constant_folding": False}
+"""Inductor options for a lowering on fake device tensors (see the module's docstring)."""
+
+_LOCK = threading.Lock()
+
+
+def require_supported(target: Target) -> None:
+    """Raise ``LoweringUnavailable`` where the lowering for ``target`` cannot run here."""
+    if target.is_cpu:
+        return
+    if target.kind == "mps":
+        raise LoweringUnavailable(
+            "strideguard: Inductor's MPS lowering is not run without an Apple GPU (its Metal kernels' "
+            "layouts are not modelled); outputs are copied"
+        )
+    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    if not target.present and version not in CHECKED_ON:
+        raise LoweringUnavailable(
+            f"strideguard: the CUDA lowering without a GPU was checked on torch {', '.join(CHECKED_ON)}, "
+            f"not {torch.__version__}; outputs are copied"
+        )
+
+
+class _Properties:
+    """What ``torch.cuda.get_device_properties`` says of an H100-class device, with the target's capability."""
+
+    def __init__(self, capability: tuple[int, int]):
+        self.major, self.minor = capability
+        self.name = f"strideguard's assumed sm{self.major}{self.minor} device"
+        self.multi_processor_count = 132 if capability >= (9, 0) else 16 if capability == (8, 7) else 108
+        self.total_memory = 80 * 2**30
+        self.warp_size = 32
+        self.max_threads_per_multi_processor = 2048
+        self.max_threads_per_block = 1024
+        self.regs_per_multiprocessor = 65536
+        self.shared_memory_per_block = 48 * 1024
+        self.shared_memory_per_block_optin = 227 * 1024 if capability >= (9, 0) else 163 * 1024
+        self.shared_memory_per_multiprocessor = 228 * 1024 if capability >= (9, 0) else 164 * 1024
+        self.L2_cache_size = 50 * 2**20
+        self.gcnArchName = self.name
+        self.uuid = "00000000-0000-0000-0000-000000000000"
+        self.is_integrated = capability == (8, 7)
+
+
+@contextlib.contextmanager
+def lowering_for(target: Target) -> Iterator[None]:
+    """Patch what Inductor's lowering for ``target`` asks of a device that is not here, for one lowering."""
+    require_supported(target)
+    if target.is_cpu or target.present:
+        yield
+        return
+    with _LOCK, contextlib.ExitStack() as stack:
+        for patch in _patches(target):
+            stack.enter_context(patch)
+        _clear_device_caches()
+        stack.callback(_clear_device_caches)
+        yield
+
+
+def _patches(target: Target) -> list:
+    from torch._dynamo.device_interface import CudaInterface
+    from torch._inductor import graph as inductor_graph
+    from torch._inductor import scheduler
+    from torch._inductor.fx_passes import misc_patterns
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    properties = _Properties(target.capability)
+    capability = target.capability
+    answers = {
+        "get_device_properties": lambda *args, **kwargs: properties,
+        "get_device_capability": lambda *args, **kwargs: capability,
+        "is_bf16_supported": lambda *args, **kwargs: capability >= (8, 0),
+        "device_count": lambda *args, **kwargs: 1,
+        "current_device": lambda *args, **kwargs: 0,
+    }
+    interface = {
+        **{name: answers[name] for name in ("get_device_properties", "is_bf16_supported", "device_count", "current_device")},
+        "get_compute_capability": lambda *args, **kwargs: capability[0] * 10 + capability[1],
+        "is_triton_capable": lambda *args, **kwargs: True,
+    }
+    patterns_init = misc_patterns._misc_patterns_init
+    return [
+        *(mock.patch.object(torch.cuda, name, answer) for name, answer in answers.items()),
+        *(mock.patch.object(CudaInterface, name, staticmethod(answer)) for name, answer in interface.items()),
+        mock.patch.object(misc_patterns, "_misc_patterns_init", lambda input_device=None: patterns_init(torch.device("cpu"))),
+        mock.patch.object(scheduler, "has_triton", lambda *args, **kwargs: True),
+        mock.patch.object(inductor_graph, "is_same_tensor", _same_fake_tensor),
+        mock.patch.object(FakeTensor, "tolist", _real_values("tolist", FakeTensor.tolist)),
+        mock.patch.object(FakeTensor, "item", _real_values("item", FakeTensor.item)),
+    ]
+
+
+def sdp_priority_order() -> list[int]:
+    """The order in which torch tries SDPA kernels (``SDPBackend`` numbers), as ``sdpa_kernel(...,
+    set_priority=True)`` leaves it: read by ``strideguard.compiler.attention_kernels``."""
+    return list(torch._C._get_sdp_priority_order())
+
+
+def _clear_device_caches() -> None:
+    from torch._inductor.runtime.hints import DeviceProperties
+
+    create = getattr(DeviceProperties.create, "cache_clear", None)
+    if create is not None:
+        create()
+
+
+def _same_fake_tensor(data: torch.Tensor, value: torch.Tensor) -> bool:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return (
+        data.size() == value.size()
+        and data.stride() == value.stride()
+        and data.dtype == value.dtype
+        and data.device == value.device
+        and data.storage_offset() == value.storage_offset()
+        and StorageWeakRef(data.untyped_storage()) == StorageWeakRef(value.untyped_storage())
+    )
+
+
+_REAL_VALUES_KEY = "_strideguard_real_values"
+
+
+def _real_values(method: str, original):
+    """``item``/``tolist`` of a fake device tensor: its real values where it was made from a weight, and
+    zeros of its dtype for a constant made while tracing (Inductor inlines it into code, which is never
+    generated here: the values do not reach any layout)."""
+
+    def answer(self, *args, **kwargs):
+        real = getattr(self, _REAL_VALUES_KEY, None)
+        if real is not None:
+            return getattr(real, method)(*args, **kwargs)
+        if self.device.type == "cpu" or self.dim() > 1 or self.numel() > 8:
+            return original(self, *args, **kwargs)
+        return getattr(torch.zeros(self.shape, dtype=self.dtype), method)(*args, **kwargs)
+
+    return answer
+
+
+def on_target(module: GraphModule, target: Target, fake_mode: Optional[Any]) -> tuple[GraphModule, tuple]:
+    """``module`` (a private copy: changed in place) with every tensor on ``target``'s device as a fake tensor
+    of ``fake_mode``: its placeholders' values, its weights, buffers and constants, and every ``device=``
+    argument in its graph (a CPU device named there means the program's one device). Returns it and its fake inputs. No weight is copied: a weight becomes metadata."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fake_mode = fake_mode or FakeTensorMode(shape_env=ShapeEnv())
+    device = target.torch_device
+    bases: dict = {}
+
+    def fake_input(value: torch.Tensor) -> torch.Tensor:
+        with fake_mode:
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device)
+
+    def fake_weight(value: torch.Tensor) -> torch.Tensor:
+        # Weights sharing storage (tied, or views of one another) share a fake storage, as Inductor dedupes them.
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        key = StorageWeakRef(value.untyped_storage()) if not isinstance(value, torch._subclasses.FakeTensor) else id(value)
+        base = bases.get(key)
+        if base is None or base.dtype != value.dtype:
+            storage_numel = max(value.untyped_storage().nbytes() // max(value.element_size(), 1), 1)
+            with fake_mode:
+                base = torch.empty(storage_numel, dtype=value.dtype, device=device)
+            bases[key] = base
+        with fake_mode:
+            result = base.as_strided(value.shape, value.stride(), value.storage_offset())
+        if value.dim() <= 1 and value.numel() <= 8:
+            setattr(result, _REAL_VALUES_KEY, value.detach())
+        return result
+
+    for node in module.graph.find_nodes(op="get_attr"):
+        owner, _, leaf = node.target.rpartition(".")
+        holder = module.get_submodule(owner) if owner else module
+        value = getattr(holder, leaf, None)
+        if isinstance(value, torch.Tensor):
+            replaced = fake_weight(value)
+            if isinstance(value, torch.nn.Parameter):
+                replaced = torch.nn.Parameter(replaced, requires_grad=False)
+            if leaf in holder._parameters:
+                holder._parameters[leaf] = replaced
+            elif leaf in holder._buffers:
+                holder._buffers[leaf] = replaced
+            else:
+                setattr(holder, leaf, replaced)
+    inputs = []
+    for node in module.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            node.meta["val"] = fake_input(value)
+        inputs.append(node.meta.get("val"))
+    def on_device(argument):
+        return device if isinstance(argument, torch.device) and argument.type == "cpu" else argument
+
+    for node in module.graph.nodes:
+        if node.op == "call_function":
+            node.args = torch.fx.node.map_aggregate(node.args, on_device)
+            node.kwargs = torch.fx.node.map_aggregate(node.kwargs, on_device)
+    module.recompile()
+    return module, tuple(inputs)

@@ -1,0 +1,11 @@
+"""Stage 3, what strideguard decides for each output, as data the fix carries out.
+
+``facts`` computes the facts about each user output once (what it views, its
+produced and promised layout, what it aliases, why); ``view_conversion``
+which view copies become views; ``pushdown`` which returned pieces move into
+their producers; ``revisions`` what revises the facts after the graph was
+read (Inductor's lowering, a backend's passes, shared memory, the layout
+asked); ``user_layouts`` the layouts a user asks, resolved.
+
+May import: program and compiler.
+"""

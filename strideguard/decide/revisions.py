@@ -1,0 +1,163 @@
+"""What revises an output's facts after the graph has been read: Inductor's lowering, an AOTI backend's own
+passes, and ``break_aliases``' policy on shared memory. Each takes facts and returns new ones."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+import torch
+from torch.fx import Node
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from .facts import judged_layout, OutputFacts
+from ..program import density
+from ..program.fake_values import storage_key
+from ..program.promises import KEEP, promised_dim_order
+from ..program.records import Action, Alias, AliasKind, Reason
+
+if TYPE_CHECKING:
+    from ..compiler.lowering import Lowering
+
+
+def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFacts]:
+    """``facts`` with each tensor output's strides, and so its verdict and copy, as Inductor's lowering has them."""
+    if len(lowering.outputs) != len(facts):
+        raise RuntimeError(
+            f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(facts)} user outputs"
+        )
+    exact = []
+    for fact, lowered in zip(facts, lowering.outputs):
+        record = fact.layout
+        if record.kind != "tensor" or lowered is None or fact.target_order is None:
+            exact.append(fact)
+            continue
+        shape, order = lowered.shape, fact.target_order
+        strides = lowered.strides
+        in_target, reason, explanation = judged_layout(shape, strides, order, viewed=bool(fact.chain), lowered=True)
+        shown = list(density.format_strides(strides))
+        if lowered.copied_by_wrapper:
+            explanation += " (its wrapper returns a copy of a weight's view)"
+        if lowered.alternatives:
+            others = " or ".join(str(list(density.format_strides(alternative))) for alternative in lowered.alternatives)
+            in_target, reason = None, Reason.KERNEL_DECIDES
+            explanation = (
+                f"Inductor's lowering for {lowering.target} returns strides {shown} or {others}, by the kernel the "
+                f"device picks when it compiles ({lowering.undecided})"
+            )
+        elif lowered.kernel_memory and in_target is True:
+            in_target, reason = None, Reason.INDUCTOR_DECIDES
+            explanation = (
+                f"Inductor's lowering lays it out {shown}, but it may be computed into memory an extern kernel "
+                "allocated, whose strides in size-one dimensions are the kernel's own"
+            )
+        record = replace(
+            record,
+            strides=density.format_strides(strides),
+            contiguous=density.is_contiguous(shape, strides),
+            dense=density.is_non_overlapping_and_dense(shape, strides),
+            in_target_layout=in_target,
+            action=Action.NONE if in_target is True else Action.COPY,
+            reason=reason,
+            explanation=explanation,
+        )
+        exact.append(replace(fact, layout=record))
+    return exact
+
+
+def left_to_backend(
+    facts: list[OutputFacts], graph: torch.fx.Graph, rewritten: Mapping[str, str], unavailable: Optional[str]
+) -> list[OutputFacts]:
+    """``facts`` with each tensor output that an AOTI backend's own passes may re-lay copied.
+
+    Without a lowering, that is every output computed from a node the
+    backend's custom passes or decomposition table rewrite (``rewritten``,
+    by node name, with what rewrites it); when the backend's passes cannot
+    run here at all (``unavailable``), every tensor output.
+    """
+    if not rewritten and unavailable is None:
+        return facts
+    reached: dict[Node, str] = {}
+    for node in graph.nodes:
+        why = rewritten.get(node.name) if node.op == "call_function" else None
+        if why is not None:
+            reached[node] = f"{why} rewrites {node.name}"
+            continue
+        for source in node.all_input_nodes:
+            if source in reached:
+                reached[node] = reached[source]
+                break
+    decided = []
+    for fact in facts:
+        if fact.layout.kind != "tensor" or fact.node is None:
+            decided.append(fact)
+            continue
+        why = unavailable if unavailable is not None else reached.get(fact.node)
+        if why is None:
+            decided.append(fact)
+            continue
+        record = replace(
+            fact.layout,
+            in_target_layout=None,
+            action=Action.COPY,
+            reason=Reason.BACKEND_DECIDES,
+            explanation=f"{why}, after strideguard's passes: copied in a form that holds whatever layout they give it",
+        )
+        decided.append(replace(fact, layout=record))
+    return decided
+
+
+def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
+    """Copy every output that, after the layout copies, still shares memory.
+
+    Outputs copied for their layout own fresh memory; of the rest, the first
+    of each group sharing memory keeps it, and any sharing an input or a
+    weight is copied. An output with no elements has no memory to share,
+    whatever its storage: it is neither copied nor does it claim a group.
+    """
+    kept: dict[Any, int] = {}
+    result = []
+    for fact in facts:
+        record = fact.layout
+        if fact.copied or not record.aliases or statically_known_true(fact.value.numel() == 0):
+            result.append(fact)
+            continue
+        key = storage_key(fact.value)
+        still_shared = [a for a in record.aliases if a.kind is not AliasKind.OUTPUT]
+        if key in kept:
+            still_shared.append(Alias(AliasKind.OUTPUT, kept[key]))
+        if not still_shared:
+            kept[key] = record.index
+            result.append(fact)
+            continue
+        explanation = f"shares memory with {', '.join(map(str, still_shared))}"
+        record = replace(record, action=Action.COPY, reason=Reason.SHARES_MEMORY, explanation=explanation)
+        result.append(replace(fact, layout=record))
+    return result
+
+
+def as_asked(facts: list[OutputFacts], requested: Mapping[int, Any], edge: bool) -> list[OutputFacts]:
+    """``facts`` with what the user asked (``requested``, by index): an output to keep (``program.promises.KEEP``) is
+    left as the compiler lays it out, never copied, and reported so; in an Edge program, an output asked in
+    another dim order than the program promises is copied into it, which makes the program promise it
+    (ExecuTorch's runtime holds the output to the promise)."""
+    revised = []
+    for fact in facts:
+        wanted = requested.get(fact.layout.index)
+        if wanted is None or fact.layout.kind != "tensor":
+            revised.append(fact)
+        elif wanted == KEEP:
+            revised.append(replace(fact, layout=replace(
+                fact.layout, action=Action.NONE, reason=Reason.KEPT,
+                explanation=f"kept as the compiler lays it out, as asked ({fact.layout.explanation})",
+            )))
+        elif edge and not fact.copied and fact.node is not None and promised_dim_order(fact.node) != tuple(wanted):
+            promised = list(promised_dim_order(fact.node))
+            revised.append(replace(fact, layout=replace(
+                fact.layout, action=Action.COPY, reason=Reason.PROMISE_CHANGED,
+                explanation=f"the program promises dim order {promised}: copied into {list(wanted)}, as asked, "
+                "so that it promises that",
+            )))
+        else:
+            revised.append(fact)
+    return revised

@@ -1,0 +1,396 @@
+"""One plan, one apply: what strideguard decides for a graph, and carrying it out.
+
+``make_plan`` reads a graph once: which returned pieces move into their
+producers (``strideguard.decide.pushdown``), which view copies become views
+(``strideguard.decide.view_conversion``), the replay of every value under them, and the facts
+about each user output (``strideguard.decide.facts``), copied or not and why,
+optionally corrected by Inductor's lowering. The result is a frozen ``Plan``.
+``apply_plan`` carries it out with the passes, one job each. ``inspect``
+reports a plan; ``densify_outputs``, ``prepare_for_aoti`` and the ExecuTorch
+passes apply one.
+
+Pushdowns come first and change what the rest is decided on: a pushed-down
+output is a fresh, smaller computation, whose view conversions, copies and
+lowering are those of the new nodes. So a plan that applies pushdowns is made
+for a working copy of the graph that carries them (``Plan.graph``); the graph
+handed to ``make_plan`` is never changed, and ``apply_plan`` carries out the
+rest of the plan on ``Plan.graph``.
+
+The public surface is ``__all__``: the integrations (``api``, ``executorch``,
+the CLI) use nothing else of the engine (``tests/test_architecture.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature
+
+from ..compiler.attention_kernels import laid_out_by_kernel
+from ..compiler.backends import Backend, backend_rewrites, BackendRewrites
+from ..compiler.lowering import executorch_view_pass, lower_edge_outputs, lower_outputs, Lowering
+from ..compiler.targets import CPU, Target
+from ..decide.facts import analyze_outputs, OutputFacts
+from ..decide.pushdown import plan_pushdowns, Pushdown
+from ..decide.revisions import as_asked, break_shared_memory, exact_facts, left_to_backend
+from ..decide.view_conversion import ConversionPolicy, EXECUTORCH, NO_CONVERSION, plan_view_conversion, ViewConversion
+from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
+from .passes.insert_output_copies import insert_output_copies
+from .passes.push_pieces_into_producers import push_pieces_into_producers
+from .passes.record_requested_layouts import record_requested_layouts
+from .passes.view_copies_to_views import convert_views
+from ..program.copies import copied_source, copy_form_of, CopyForm, insert_copy
+from ..program.dialect import Dialect, dialect_of
+from ..program.exported import (
+    copy_graph,
+    copy_of_graph,
+    rebuild,
+    signature_following_graph,
+    user_outputs,
+    verifier_accepts,
+)
+from ..program.naming import output_names
+from ..program.promises import requested_layouts, target_dim_orders, target_orders_of
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Plan", "Pushdowns", "make_plan", "apply_plan", "program_plan", "transformed", "fix_graph_in_place",
+    "lower_as_compiled", "with_kept_copies",
+]
+
+
+class Pushdowns(Enum):
+    """What a plan does with the returned pieces that could be computed from pieces of their producers."""
+
+    NONE = "none"
+    """Not looked for."""
+    DESCRIBED = "described"
+    """Found, and named in each output's facts (``OutputLayout.pushdown``); the graph is planned as it is."""
+    APPLIED = "applied"
+    """Found and applied to a working copy of the graph, for which the rest of the plan is made."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided for one graph: its dialect, the pushdowns, the view conversions, and each user
+    output's facts (``action`` says whether it is copied, ``reason`` why)."""
+
+    dialect: Dialect
+    graph: torch.fx.Graph
+    """The graph the conversions and copies are planned on: the one handed to ``make_plan``, or, where
+    pushdowns were applied, a working copy carrying them."""
+    signature: ExportGraphSignature
+    """``graph``'s signature (it names the nodes ``graph`` returns)."""
+    pushdowns: tuple[Pushdown, ...]
+    """The pushdowns applied in ``graph`` (``Pushdowns.APPLIED``; those only described are in ``outputs``)."""
+    conversion: ViewConversion
+    outputs: tuple[OutputFacts, ...]
+    requested: Mapping[int, Any] = field(default_factory=dict)
+    """The layout asked of each user output (by index: a dim order or ``program.promises.KEEP``), recorded in the graph
+    by ``apply_plan`` so that every later judgement of the program reads it."""
+
+    @property
+    def copies(self) -> tuple[OutputFacts, ...]:
+        return tuple(fact for fact in self.outputs if fact.copied)
+
+
+def make_plan(
+    graph: torch.fx.Graph,
+    signature: ExportGraphSignature,
+    dialect: Dialect,
+    policy: ConversionPolicy,
+    *,
+    pushdowns: Pushdowns = Pushdowns.NONE,
+    copy_outputs: bool = True,
+    break_aliases: bool = False,
+    accepts: Optional[Callable[[Any], bool]] = None,
+    lower: Optional[Callable[[torch.fx.Graph], Lowering]] = None,
+    rewrites: Optional[BackendRewrites] = None,
+    names: Optional[Sequence[str]] = None,
+    layouts: Optional[Mapping[int, Any]] = None,
+) -> Plan:
+    """Decide what to push down, convert and copy in ``graph`` (``graph`` itself never changes).
+
+    An ATen graph has views already: replaying them only restores the storage
+    sharing a program loaded with ``torch.export.load`` has lost. With
+    ``lower`` (Inductor's lowering of the graph planned on, after any pushdown),
+    each output is copied as the lowering says rather than as the analysis does;
+    with ``copy_outputs=False``, none is. Without a lowering, an output that
+    an AOTI backend's own passes may re-lay (``rewrites``: the nodes they
+    rewrite, or why they cannot run here) is copied in the form that holds
+    whatever they do; with one, only where that backend's passes could not run.
+    ``names`` are the user outputs' names (``program.naming.output_names``); ``layouts`` the layout the user asks of
+    some of them, by index (a dim order, or ``program.promises.KEEP``), over any the graph records.
+    """
+    described = plan_pushdowns(graph) if pushdowns is Pushdowns.DESCRIBED else ()
+    applied: tuple[Pushdown, ...] = ()
+    if pushdowns is Pushdowns.APPLIED:
+        working, applied = _with_pushdowns_applied(graph, dialect)
+        if applied:
+            graph, signature = working, signature_following_graph(signature, working)
+    conversion = plan_view_conversion(graph, policy if dialect.is_edge else NO_CONVERSION, accepts=accepts)
+    requested = {**requested_layouts(graph, signature), **(layouts or {})}
+    target_orders = {
+        index: order for index, order in enumerate(target_orders_of(graph, signature, dialect, requested))
+        if order is not None
+    }
+    lowering = lower(graph) if lower is not None else None
+    facts = analyze_outputs(
+        graph,
+        signature,
+        values=conversion.value,
+        op_of=conversion.op_of,
+        target_orders=target_orders,
+        relaid=conversion.relaid(),
+        names=list(names) if names is not None else None,
+    )
+    if lowering is not None:
+        facts = exact_facts(facts, lowering)
+    if break_aliases:
+        facts = break_shared_memory(facts)
+    if lowering is not None:
+        facts = left_to_backend(facts, graph, {}, lowering.unavailable)
+    elif rewrites is not None:
+        facts = left_to_backend(facts, graph, rewrites.rewritten, rewrites.unavailable)
+    facts = as_asked(facts, requested, dialect.is_edge)
+    if not copy_outputs:
+        facts = [fact.uncopied() for fact in facts]
+    if described:
+        facts = _with_pushdowns_described(facts, described)
+    _log_decisions(facts, applied, lowering, rewrites, copy_outputs)
+    return Plan(dialect, graph, signature, applied, conversion, tuple(facts), requested)
+
+
+def _log_decisions(facts, applied, lowering, rewrites, copy_outputs: bool) -> None:
+    """What was decided, on what grounds, and what was skipped and why (``logging.getLogger("strideguard")``)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    grounds = f"Inductor's lowering for {lowering.target}" if lowering is not None else "the graph alone"
+    logger.info("planned %d user outputs from %s", len(facts), grounds)
+    if rewrites is not None and rewrites.unavailable:
+        logger.info("skipped the backend's own passes: %s", rewrites.unavailable)
+    if not copy_outputs:
+        logger.info("copy_outputs=False: no output is copied (the runtime copies every output)")
+    for pushdown in applied:
+        logger.info("pushed down: %s", pushdown.description)
+    for fact in facts:
+        record = fact.layout
+        if record.kind != "tensor":
+            continue
+        logger.info("%s: %s (%s: %s)", record.name, "copy" if fact.copied else "no copy", record.reason.value, record.explanation)
+
+
+def _with_pushdowns_applied(graph: torch.fx.Graph, dialect: Dialect) -> tuple[torch.fx.Graph, tuple[Pushdown, ...]]:
+    """A working copy of ``graph`` with every pushdown applied, and those pushdowns (their nodes the copy's):
+    found on the copy itself, so they are planned once."""
+    working = copy_of_graph(graph)
+    found = plan_pushdowns(working)
+    if found:
+        push_pieces_into_producers(working, found, dialect)
+    return working, found
+
+
+def _with_pushdowns_described(facts: list[OutputFacts], found: tuple[Pushdown, ...]) -> list[OutputFacts]:
+    by_position = {pushdown.output: pushdown for pushdown in found}
+    described = []
+    for fact in facts:
+        pushdown = by_position.get(fact.output.position)
+        if pushdown is not None:
+            fact = replace(fact, layout=replace(fact.layout, pushdown=pushdown.description, flops_saved=pushdown.saved))
+        described.append(fact)
+    return described
+
+
+def apply_plan(plan: Plan, *, update_values: bool = True) -> int:
+    """Carry ``plan`` out on ``plan.graph`` in place: convert the views, copy the outputs, and retarget any
+    ``detach_copy`` left. Returns how many nodes were added or retargeted, counting each pushdown applied
+    (already, in the plan's working copy) as one.
+
+    ``update_values=False`` keeps converted nodes' traced values (see ``convert_views``).
+    """
+    changed = len(plan.pushdowns) + convert_views(plan.conversion, update_values=update_values)
+    changed += len(insert_output_copies(plan.graph, plan.copies, plan.dialect, plan.conversion.value))
+    changed += record_requested_layouts(plan.graph, plan.signature, plan.requested)
+    if plan.dialect.is_edge:
+        changed += detach_copy_to_alias_copy(plan.graph)
+    return changed
+
+
+def fix_graph_in_place(
+    graph: torch.fx.Graph,
+    signature: ExportGraphSignature,
+    dialect: Dialect,
+    policy: ConversionPolicy,
+    *,
+    copy_outputs: bool = True,
+    update_values: bool = True,
+) -> int:
+    """Plan and apply on ``graph`` itself (no pushdown, which would need a working copy): for a pass that
+    rewrites the graph module it is handed, as ExecuTorch's passes do. Returns how many nodes changed."""
+    with without_garbage_collection():
+        plan = make_plan(graph, signature, dialect, policy, copy_outputs=copy_outputs)
+        return apply_plan(plan, update_values=update_values)
+
+
+def lower_as_compiled(
+    program: ExportedProgram,
+    *,
+    policy: ConversionPolicy = EXECUTORCH,
+    backend: Optional[Backend] = None,
+    inductor_configs: Optional[dict] = None,
+    target: Target = CPU,
+) -> Lowering:
+    """Inductor's lowering of ``program`` for ``target`` as the AOTI path compiles it: an ATen program as it
+    is (with ``inductor_configs``); an Edge program with its view copies converted under ``policy``, then by
+    the installed ExecuTorch's own pass, which its AOTI backend always runs, then by ``backend``'s own passes
+    and decomposition table, as its ``preprocess`` runs them."""
+    lowering = _lower_as_compiled(program, policy, backend, inductor_configs, target)
+    logger.info(
+        "lowered %d outputs with Inductor for %s in %.2f s%s", len(lowering.outputs), lowering.target, lowering.seconds,
+        f" ({lowering.backend}'s passes: {lowering.unavailable})" if lowering.unavailable else "",
+    )
+    return lowering
+
+
+def _lower_as_compiled(program, policy, backend, inductor_configs, target) -> Lowering:
+    if not dialect_of(program).is_edge:
+        return lower_outputs(program, inductor_configs=inductor_configs, target=target)
+    if policy is EXECUTORCH:
+        return lower_edge_outputs(program, backend=backend, target=target)
+    if policy is NO_CONVERSION:
+        return lower_edge_outputs(program, convert_views=lambda graph_module: None, backend=backend, target=target)
+
+    accepts = verifier_accepts(program) if policy.careful else None
+
+    def convert_then_executorch(graph_module):
+        convert_views(plan_view_conversion(graph_module.graph, policy, accepts=accepts))
+        executorch_view_pass()(graph_module)
+
+    return lower_edge_outputs(program, convert_views=convert_then_executorch, backend=backend, target=target)
+
+
+def program_plan(
+    program: ExportedProgram,
+    policy: ConversionPolicy,
+    *,
+    lower: Optional[Callable[[ExportedProgram], Lowering]] = None,
+    **options,
+) -> Plan:
+    """``make_plan`` for a whole program (never changed), asking its verifier before converting (Edge,
+    careful policies); ``lower`` lowers a program as the one it will be compiled into. Planned from the
+    graph alone, the collector is held off as for a rewrite: a plan's fake values are all alive until it
+    ends, and full collections over them made 2,000 outputs of one input cost 6 times 500's, against 4
+    (``tests/test_bounded.py``)."""
+    if lower is not None:
+        return _plan(program, program.graph, policy, lower, options)
+    with without_garbage_collection():
+        return _plan(program, program.graph, policy, lower, options)
+
+
+def _plan(
+    program: ExportedProgram,
+    graph: torch.fx.Graph,
+    policy: ConversionPolicy,
+    lower: Optional[Callable[[ExportedProgram], Lowering]],
+    options: dict,
+) -> Plan:
+    """``make_plan`` on ``graph`` (``program``'s or a copy of it), with ``lower`` applied to the program
+    around the graph the plan is made for."""
+    dialect = dialect_of(program)
+    accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
+    options = dict(options)
+    backend = options.pop("backend", None)
+    target = options.pop("target", CPU)
+    unavailable = options.pop("lowering_unavailable", None)
+    if unavailable is not None:
+        # The target's lowering cannot run here: every tensor output is copied in a form that holds.
+        options["rewrites"] = BackendRewrites({}, unavailable)
+    elif lower is None:
+        # Without a lowering, the nodes the backend's own passes rewrite, and those whose layout the device's
+        # kernel choice decides, are copied in a form that holds.
+        known = backend_rewrites(program, backend) if dialect.is_edge else None
+        by_kernel = laid_out_by_kernel(graph, target)
+        if by_kernel:
+            known = known or BackendRewrites({}, None)
+            known = BackendRewrites({**by_kernel, **known.rewritten}, known.unavailable)
+        if known is not None:
+            options["rewrites"] = known
+
+    def lower_planned(planned: torch.fx.Graph) -> Lowering:
+        # Planned on the graph as handed: the program itself is what will be compiled.
+        return lower(program if planned is graph else rebuild(program, planned))
+
+    return make_plan(
+        graph, program.graph_signature, dialect, policy, accepts=accepts,
+        lower=lower_planned if lower is not None else None, names=output_names(program), **options,
+    )
+
+
+@contextlib.contextmanager
+def without_garbage_collection():
+    """Hold the cyclic garbage collector off while a graph is copied and rewritten.
+
+    Copying a graph allocates several objects per node; on a 50,000-node graph
+    the collector's full passes over them cost more than the work itself
+    (28 against 12 us per node, measured). Nothing a pass creates needs
+    collecting before it ends.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def transformed(
+    program: ExportedProgram,
+    policy: ConversionPolicy,
+    *,
+    lower: Optional[Callable[[ExportedProgram], Lowering]] = None,
+    update_values: bool = True,
+    **options,
+) -> tuple[ExportedProgram, int]:
+    """A new program with its plan (``make_plan`` ``options``) applied, and how many nodes changed;
+    ``program`` itself, untouched, is never changed. Weights are shared, not copied: a weight's piece in a
+    pushdown is a slice in the graph."""
+    with without_garbage_collection():
+        plan = _plan(program, copy_graph(program), policy, lower, options)
+        changed = apply_plan(plan, update_values=update_values)
+        return rebuild(program, plan.graph), changed
+
+
+def with_kept_copies(program: ExportedProgram, indices: list[int]) -> ExportedProgram:
+    """A new program whose listed user outputs are copied in ``CopyForm.KEPT``, replacing any weaker copy."""
+    dialect = dialect_of(program)
+    orders = target_dim_orders(program)
+    with without_garbage_collection():
+        graph = copy_graph(program)
+        output_node = graph.output_node()
+        returned = list(output_node.args[0])
+        positions = [out.position for out in user_outputs(program.graph_signature)]
+        names = output_names(program)
+        for index in indices:
+            node = returned[positions[index]]
+            source = copied_source(node) or node
+            returned[positions[index]] = insert_copy(
+                graph, source, dialect, orders[index], lambda n: n.meta.get("val"), CopyForm.KEPT, serves=names[index]
+            )
+        output_node.args = (type(output_node.args[0])(returned),)
+        record_requested_layouts(graph, program.graph_signature, requested_layouts(program.graph, program.graph_signature))
+        graph.eliminate_dead_code(is_impure_node=_only_copies_are_pure)
+        return rebuild(program, graph)
+
+
+def _only_copies_are_pure(node: torch.fx.Node) -> bool:
+    """Dead-code elimination removes only the weaker copies replaced here, never anything of the user's."""
+    return copy_form_of(node) is None

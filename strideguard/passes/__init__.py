@@ -1,7 +1,0 @@
-"""Graph transforms, one per module, each doing one job that another module decided.
-
-``insert_output_copies`` reads the facts ``strideguard.analysis`` computed for
-each output; ``view_copies_to_views`` carries out ``strideguard.view_conversion``'s view
-conversions; ``push_pieces_into_producers`` carries out ``strideguard.pushdown``'s
-plan; ``detach_copy_to_alias_copy`` reads nothing but the graph.
-"""

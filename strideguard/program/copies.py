@@ -1,0 +1,203 @@
+"""The copy strideguard inserts for an output, built and recognised here and nowhere else.
+
+Its form is one Inductor keeps (``CopyForm``). A ``clone`` alone is not
+enough: Inductor's ``remove_noop_ops`` drops a ``clone`` (or ``_to_copy``,
+``copy``) whose traced layout equals its source's, even where Inductor then
+lays the source out otherwise. So the copy is a ``clone`` into the target
+dim order (``_clone_dim_order`` in an Edge program in dim-order mode:
+``dialect.copy_call``), then an elementwise op that is its own inverse bit
+for bit, applied twice: ``neg`` for floating and complex values,
+``bitwise_not`` for integers and ``bool``. Nothing removes the pair;
+Inductor fuses clone and pair into one kernel that reads the source once and
+writes a fresh buffer in the traced (target) strides. A dtype with no
+involution (float8) gets the ``clone`` alone (``CopyForm.CLONE``); where an
+ATen program has no op copying into the order, the source is permuted, copied
+contiguously and permuted back.
+
+Every node of a copy carries ``COPY_TAG`` with its form, the stack trace and
+module stack of the output it serves, and a name after that output
+(``actions_copy``, ..., ``actions_dense``), so that a loaded program's copies
+are recognised (``copy_form_of``, ``copied_source``, ``output_copies``) and the
+closed loop (``strideguard.prove.proof``) can strengthen one.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Callable, Optional
+
+import torch
+from torch.fx import Node
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+from .density import strides_for_order
+from .dialect import aten_op, copies_into, copy_call, Dialect, edge_copy_order, permute_call, spelled_in, value_call
+from .fake_values import call_on_fake_values, fresh_like, fresh_strided
+from .naming import node_stem
+from .promises import LAYOUT_TAG
+
+COPY_TAG = "strideguard_copy"
+"""Key in ``node.meta["custom"]`` (which ``torch.export.save`` and ExecuTorch keep) on every node strideguard
+inserts to copy an output; its value names the copy's form (``program.copies.CopyForm``)."""
+
+
+def copy_form_of(node: Any) -> Optional[str]:
+    """The form of the output copy ``node`` is part of, or ``None`` when strideguard did not insert it."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    custom = node.meta.get("custom")
+    return custom.get(COPY_TAG) if isinstance(custom, dict) else None
+
+
+def copied_source(node: Any) -> Optional[Any]:
+    """The node an inserted copy (``COPY_TAG``) copies, walking back over all of its nodes; ``None`` when
+    ``node`` is not one."""
+    if copy_form_of(node) is None:
+        return None
+    while copy_form_of(node) is not None:
+        node = node.args[0]
+    return node
+
+
+def output_copies(graph: torch.fx.Graph) -> list[Any]:
+    """The last node of each copy strideguard inserted into ``graph`` (the node that is returned)."""
+    return [
+        node for node in graph.nodes
+        if copy_form_of(node) is not None and not any(copy_form_of(user) is not None for user in node.users)
+    ]
+
+
+def involution_call(dialect: Dialect, dtype: torch.dtype) -> Optional[Any]:
+    """An elementwise op that is its own inverse, bit for bit, on ``dtype``: applied twice it is a copy that
+    Inductor keeps (``neg`` for floating and complex types, ``bitwise_not`` for integers and bool).
+
+    Inductor's ``remove_noop_ops`` drops a ``clone`` (or ``_to_copy``, ``copy``) whose traced layout equals
+    its source's, even where Inductor then lays the source out otherwise, so a clone cannot force an
+    output's layout in that case. Nothing removes a pair of negations: Inductor fuses them into one
+    kernel that reads the source once and writes the output once, in the exact strides traced for it.
+    ``None`` for a dtype neither op takes.
+    """
+    if dtype.is_floating_point or dtype.is_complex:
+        if dtype.itemsize == 1:  # float8 types have no neg kernel
+            return None
+        op = torch.ops.aten.neg.default
+    else:
+        op = torch.ops.aten.bitwise_not.default
+    return spelled_in(dialect, op)
+
+
+def is_involution(target: Any) -> bool:
+    return aten_op(target) in (torch.ops.aten.neg.default, torch.ops.aten.bitwise_not.default)
+
+
+_INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
+
+
+class CopyForm(str, Enum):
+    """How an output is copied; either form is one kernel once Inductor fuses it.
+
+    ``KEPT``, the default: a ``clone``/``_clone_dim_order`` into the target
+    order, then an involution applied twice (``neg`` for floating and complex
+    values, ``bitwise_not`` for integers and ``bool``: bit-exact). Inductor
+    keeps it whatever layout its own trace gives the source: a clone of a
+    source it traces in another layout is kept and dense; a clone of a
+    source traced in the target layout is dropped as a no-op by
+    ``remove_noop_ops`` (even where Inductor then realizes the source
+    otherwise), and the involutions, traced in the target layout, are
+    computed into a fresh dense buffer. ``CLONE`` alone is what a dtype with no
+    involution gets (float8), and what the closed loop replaces when it
+    does not hold.
+    """
+
+    CLONE = "clone"
+    KEPT = "kept"
+
+
+def copy_form_for(source_value: Any, dialect: Dialect) -> CopyForm:
+    """The form Inductor keeps for a source traced as ``source_value`` (``KEPT`` wherever its dtype has an
+    involution)."""
+    if isinstance(source_value, torch.Tensor) and involution_call(dialect, source_value.dtype) is not None:
+        return CopyForm.KEPT
+    return CopyForm.CLONE
+
+
+def _new_node(
+    graph, after: Node, target: Any, args: tuple, kwargs: dict, origin: Node, value, form: CopyForm, name: Optional[str],
+    elementwise: bool = False, dense_strides: Optional[tuple] = None,
+) -> Node:
+    with graph.inserting_after(after):
+        # named as created: renamed after, the graph's namespace is asked twice (a tenth of a copy's cost)
+        node = graph.create_node("call_function", target, args, kwargs, name=name)
+    node.meta.update({key: origin.meta[key] for key in _INHERITED_META if key in origin.meta})
+    if elementwise:
+        node.meta["val"] = fresh_like(after.meta["val"])
+        if "tensor_meta" in after.meta and "tensor_meta" in origin.meta:  # the same shape, strides and dtype
+            node.meta["tensor_meta"] = after.meta["tensor_meta"]
+    elif dense_strides is not None:
+        node.meta["val"] = fresh_strided(after.meta["val"], tuple(after.meta["val"].shape), dense_strides)
+    else:
+        op, op_kwargs = value_call(target, kwargs)
+        node.meta["val"] = call_on_fake_values(op, node, value, op_kwargs)
+    if "tensor_meta" in origin.meta and "tensor_meta" not in node.meta:
+        node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
+    # A new dict (the original's is shared with the caller's program); what the user asked of the output the
+    # origin is returned as is said again on the copy that now serves it (``record_requested_layouts``).
+    inherited = {key: item for key, item in origin.meta.get("custom", {}).items() if key != LAYOUT_TAG}
+    node.meta["custom"] = {**inherited, COPY_TAG: form.value}
+    return node
+
+
+def _has_elements(shape: tuple) -> bool:
+    """Every size static and non-zero: the copy's strides are then ``strides_for_order``'s (torch gives an
+    empty tensor other strides in its empty dimensions)."""
+    return all(type(size) is int and size > 0 for size in shape)
+
+
+def insert_copy(
+    graph: torch.fx.Graph,
+    source: Node,
+    dialect: Dialect,
+    dim_order: tuple[int, ...],
+    value: Callable[[Node], Any],
+    form: Optional[CopyForm] = None,
+    serves: Optional[str] = None,
+) -> Node:
+    """New nodes right after ``source`` copying it into ``dim_order`` in ``form`` (by default the form
+    Inductor keeps, ``copy_form_for``); returns the last, with its metadata. ``serves``, the name of the
+    output the copy is returned as, names the nodes after it (``actions_copy``, ..., ``actions_dense``),
+    never after their ops."""
+    form = form or copy_form_for(source.meta.get("val"), dialect)  # a view has its copy's dtype: no replay
+    involution = involution_call(dialect, source.meta["val"].dtype) if form is CopyForm.KEPT else None
+    dense = [(involution, (), {})] * (2 if involution is not None else 0)
+    shape = tuple(source.meta["val"].shape)
+    if dialect.is_edge and not copies_into(dialect, dim_order):
+        same_bytes = edge_copy_order(dialect, shape, dim_order)
+        if same_bytes is None:
+            raise ValueError(
+                f"strideguard: {serves or source.name} promises dim order {list(dim_order)}, and an Edge program's "
+                "copy ops write only contiguous and channels-last orders"
+            )
+        dim_order = same_bytes
+    if copies_into(dialect, dim_order):
+        target, kwargs = copy_call(dialect, dim_order)
+        copied_strides = strides_for_order(shape, dim_order)
+        steps = [(target, (), kwargs)] + dense
+    else:
+        # An ATen program has no op copying into an order without a memory format: lay the permuted source out
+        # contiguously, then permute back, a view of that fresh buffer with exactly the strides of ``dim_order``.
+        inverse = [list(dim_order).index(dim) for dim in range(len(dim_order))]
+        target, kwargs = copy_call(dialect, tuple(range(len(dim_order))))
+        permute = permute_call(dialect)
+        steps = [(permute, (list(dim_order),), {}), (target, (), kwargs)] + dense + [(permute, (inverse,), {})]
+        permuted = tuple(shape[dim] for dim in dim_order)
+        copied_strides = strides_for_order(permuted, tuple(range(len(dim_order))))
+    stem = node_stem(serves) if serves is not None else None
+    last = source
+    for step, (op, args, op_kwargs) in enumerate(steps):
+        name = None if stem is None else f"{stem}_dense" if step == len(steps) - 1 else f"{stem}_copy"
+        # the copy's and the involutions' values are fresh dense tensors whose strides are known: no dispatch
+        last = _new_node(
+            graph, last, op, (last, *args), op_kwargs, source, value, form, name, elementwise=op is involution,
+            dense_strides=copied_strides if op is target and _has_elements(shape) else None,
+        )
+    return last

@@ -1,0 +1,89 @@
+"""What a program promises for each output: the layout its dialect promises, or the one the user asked.
+
+An ATen program promises contiguous outputs; an Edge program the dim order of
+each output's metadata before any conversion (``promised_dim_order``). A
+layout the user asks for (``densify_outputs(layouts=...)``) is recorded on the
+returned node (``LAYOUT_TAG``) and goes over either; ``KEEP`` asks strideguard
+to leave an output as the compiler lays it out.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature
+
+from . import density
+from .dialect import Dialect, dialect_of
+from .exported import output_values, user_outputs
+
+LAYOUT_TAG = "strideguard_layout"
+"""Key in a returned node's ``meta["custom"]`` (kept by ``torch.export.save`` and ExecuTorch): the layout the
+user asked for each user output it is returned as, ``{"<index>": [dim order] | "keep"}``; every later
+judgement of the program (``inspect``, the closed loop, ``verify``) reads its target from there."""
+
+
+KEEP = "keep"
+"""A requested layout: leave the output as the compiler lays it out (reported, never copied)."""
+
+
+def requested_layouts(graph: torch.fx.Graph, signature: ExportGraphSignature) -> dict[int, Any]:
+    """The layouts recorded in ``graph`` (``LAYOUT_TAG``), by user output index: a dim order or ``KEEP``."""
+    returned = output_values(graph)
+    found: dict[int, Any] = {}
+    for out in user_outputs(signature):
+        node = returned[out.position] if out.position < len(returned) else None
+        custom = node.meta.get("custom") if isinstance(node, torch.fx.Node) else None
+        tags = custom.get(LAYOUT_TAG) if isinstance(custom, dict) else None
+        value = tags.get(str(out.index)) if isinstance(tags, dict) else None
+        if value == KEEP:
+            found[out.index] = KEEP
+        elif isinstance(value, list) and all(isinstance(d, int) for d in value):
+            found[out.index] = tuple(value)
+    return found
+
+
+def promised_dim_order(node: torch.fx.Node) -> tuple[int, ...]:
+    """The dim order an Edge program promises for ``node``: that of its metadata before any conversion.
+
+    ``to_edge`` records each output's dim order from these strides, and the
+    runtime builds the output's ETensor from it.
+    """
+    value = node.meta["val"]
+    order = density.dim_order_of(value.shape, value.stride())
+    return order if order is not None else density.identity_order(value.dim())
+
+
+def target_dim_orders(program: ExportedProgram) -> tuple[Optional[tuple[int, ...]], ...]:
+    """Each user output's target layout: the one the user asked for and the program records
+    (``program.promises.LAYOUT_TAG``), else contiguous in an ATen program and the promised dim order in an Edge one;
+    ``None`` for an output that is not a tensor. An output the user asked to keep has its default target
+    here (``kept_outputs`` says which those are)."""
+    return target_orders_of(program.graph, program.graph_signature, dialect_of(program))
+
+
+def target_orders_of(graph: torch.fx.Graph, signature: Any, dialect: Dialect, requested: Optional[dict] = None) -> tuple:
+    """``target_dim_orders`` for a graph and its signature; ``requested`` (user output index -> dim order or
+    ``"keep"``) goes over what the graph records."""
+
+    asked = {**requested_layouts(graph, signature), **(requested or {})}
+    returned = output_values(graph)
+    orders = []
+    for out in user_outputs(signature):
+        node = returned[out.position]
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor):
+            orders.append(None)
+        elif isinstance(asked.get(out.index), tuple) and len(asked[out.index]) == value.dim():
+            orders.append(asked[out.index])
+        else:
+            orders.append(promised_dim_order(node) if dialect.is_edge else tuple(range(value.dim())))
+    return tuple(orders)
+
+
+def kept_outputs(program: ExportedProgram) -> frozenset[int]:
+    """The user outputs the user asked to keep as the compiler lays them out (``program.promises.KEEP``)."""
+
+    return frozenset(i for i, wanted in requested_layouts(program.graph, program.graph_signature).items() if wanted == KEEP)

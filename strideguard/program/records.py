@@ -1,0 +1,434 @@
+"""What strideguard knows about each output, as plain typed records.
+
+The analysis computes these once; the passes, the reports, the command line
+and the JSON output all read them. Field names here are the public, stable
+names (the command line's ``--json`` writes them as they are).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Optional, Sequence
+
+
+class AliasKind(str, Enum):
+    INPUT = "input"
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    CONSTANT = "constant"
+    OUTPUT = "output"
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Something an output shares memory with: an input, a weight or another output."""
+
+    kind: AliasKind
+    name: str | int
+    """An input's or a weight's name, or another output's index."""
+
+    def __str__(self) -> str:
+        return f"{self.kind.value} {self.name}"
+
+    def said(self, output_names: Sequence[str] = ()) -> str:
+        """As a report shows it: another output by its name (``output first_action``) where ``output_names``
+        has it; the JSON keeps ``str(alias)``, by index."""
+        if self.kind is AliasKind.OUTPUT and isinstance(self.name, int) and 0 <= self.name < len(output_names):
+            return f"output {output_names[self.name]}"
+        return str(self)
+
+
+def memory_group_peer(group: Sequence[int], index: int) -> list[int]:
+    """The one other output an output's ``aliases`` names among those sharing its memory (``group``, in
+    order): the first of them, or for the first, the second. Naming every other member would make a
+    report of n outputs sharing one memory n-squared long."""
+    others = [i for i in group[:2] if i != index]
+    return others[:1]
+
+
+class Action(str, Enum):
+    NONE = "none"
+    COPY = "copy"
+
+
+class OutputKind(str, Enum):
+    """What a user output is. A ``str`` enum: ``kind == "tensor"`` reads as it did."""
+
+    TENSOR = "tensor"
+    NONE = "none"
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"
+    SYMINT = "symint"
+    SYMFLOAT = "symfloat"
+    SYMBOOL = "symbool"
+    OTHER = "other"
+
+
+class Reason(str, Enum):
+    """Why an output gets a copy or not; ``OutputLayout.explanation`` says it with the output's numbers."""
+
+    IN_LAYOUT = "in-layout"
+    """Dense in its target layout, as returned."""
+    VIEW_IN_LAYOUT = "view-in-layout"
+    """A view, already in its target layout (whichever way Inductor returns it)."""
+    STRIDED = "strided"
+    """Returned with other strides than its target layout's."""
+    INDUCTOR_DECIDES = "inductor-decides"
+    """Inductor lays it out by a choice the graph does not show; copied (``inspect(exact=True)`` asks it)."""
+    KERNEL_DECIDES = "kernel-decides"
+    """The device picks the kernel that lays it out when the program is compiled (CUDA's attention kernel,
+    where torch's rules depend on what is not known here: the cuDNN version, a symbolic size); copied in a
+    form that holds whichever it picks, and the closed loop lowers every candidate."""
+    SYMBOLIC = "symbolic"
+    """Its strides are symbolic and cannot be proven those of its target layout; copied."""
+    BACKEND_DECIDES = "backend-decides"
+    """An AOTI backend's own passes rewrite what produces it, or cannot run here to say; copied in a form
+    that holds whatever they do (``exact=True`` runs them)."""
+    CONTROL_FLOW = "control-flow"
+    """An output of control flow, whose compiled layout is not decided; copied."""
+    SHARES_MEMORY = "shares-memory"
+    """With ``break_aliases``: shares memory with an input, a weight or an earlier output; copied."""
+    KEPT = "kept"
+    """The user asked for it as the compiler lays it out (``layouts={name: "keep"}``); never copied."""
+    PROMISE_CHANGED = "promise-changed"
+    """An Edge program promised another dim order than the one the user asked for: copied into the one asked,
+    so that the program promises it."""
+    NOT_A_TENSOR = "not-a-tensor"
+
+
+UNDECIDED_BY = {
+    Reason.INDUCTOR_DECIDES: "Inductor decides",
+    Reason.KERNEL_DECIDES: "the device's kernel choice decides",
+    Reason.SYMBOLIC: "a symbolic size decides",
+    Reason.BACKEND_DECIDES: "the backend's passes decide",
+    Reason.CONTROL_FLOW: "control flow decides",
+}
+"""The verdict of an output whose layout is not decided here: who decides it."""
+
+
+def layout_verdict(
+    kind: Any, in_target: Optional[bool], reason: Optional[Reason], shape, strides, order
+) -> str:
+    """Whether an output is in its target layout and, if not, why, in one short phrase: the one verdict the
+    table, the JSON and ``str(report)`` show (``in layout``; ``stride 6144 for dim 0 of size 1 where 512 is
+    promised``; ``Inductor decides``). Never says an output is out of layout where it is not."""
+    from . import density
+
+    if kind != OutputKind.TENSOR:
+        return "not a tensor"
+    if reason is Reason.KEPT:
+        return "kept as compiled"
+    if in_target is True:
+        return "in layout"
+    if in_target is None:
+        return UNDECIDED_BY.get(reason, "undecided")
+    if all(isinstance(v, int) for v in (*shape, *strides)):
+        wrong = density.first_wrong_stride(shape, strides, order)
+        if wrong is not None:
+            return wrong
+    return f"strides {list(strides)} are not those of dim order {list(order)}"
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """One user output of a method, as the compiled method will return it.
+
+    ``strides`` are those AOTInductor returns for this output (for an Edge
+    program: after its AOTI backend turns view copies into views);
+    ``target_dim_order`` is the layout it must come back in (contiguous for an
+    ATen program, the promised dim order for an Edge program);
+    ``in_target_layout`` whether it does (``None``: not decided, and copied).
+    ``action`` is what ``densify_outputs``/``prepare_for_aoti`` insert for it,
+    ``reason`` why, and ``explanation`` the same in words, with its numbers.
+    Fields after ``kind`` are ``None`` for an output that is not a tensor.
+    """
+
+    index: int
+    name: Optional[str]
+    kind: OutputKind
+    action: Action = Action.NONE
+    reason: Reason = Reason.NOT_A_TENSOR
+    explanation: str = "not a tensor"
+    shape: Optional[tuple] = None
+    dtype: Optional[str] = None
+    strides: Optional[tuple] = None
+    contiguous: Optional[bool] = None
+    dense: Optional[bool] = None
+    target_dim_order: Optional[tuple] = None
+    in_target_layout: Optional[bool] = None
+    aliases: tuple[Alias, ...] = ()
+    view_of: Optional[str] = None
+    cause: Optional[str] = None
+    pushdown: Optional[str] = None
+    """How far ``pushdown=True`` moves this returned piece into its producers (``None``: it does not)."""
+    flops_saved: Optional[float] = None
+    """The fraction of those producers' FLOPs the pushdown saves."""
+    node: Optional[str] = None
+    """The graph node returned there (``name`` is the user's: its path in what the method returns)."""
+    source_line: Optional[str] = None
+    """The user's source line that made it, ``policy.py:17  joints[:, :6]`` (from the node's stack trace)."""
+    copy_of: Optional[str] = None
+    """In a fixed program, what strideguard's copy returned here copies (``slice(dim=2, 0:14) of linear``);
+    ``None`` where it returns no copy of strideguard's."""
+
+    @property
+    def ok(self) -> bool:
+        """Comes back dense in its target layout (non-tensor outputs always do), or as the user asked
+        (``"keep"``)."""
+        return self.kind is not OutputKind.TENSOR or self.in_target_layout is True or self.reason is Reason.KEPT
+
+    @property
+    def verdict(self) -> str:
+        """In its target layout, or why not, in one phrase (``layout_verdict``)."""
+        return layout_verdict(self.kind, self.in_target_layout, self.reason, self.shape, self.strides, self.target_dim_order)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["kind"] = self.kind.value
+        data["aliases"] = [str(a) for a in self.aliases]
+        data["action"] = self.action.value
+        data["reason"] = self.reason.value
+        data["shape"] = list(self.shape) if self.shape is not None else None
+        data["strides"] = list(self.strides) if self.strides is not None else None
+        data["target_dim_order"] = list(self.target_dim_order) if self.target_dim_order is not None else None
+        data["ok"] = self.ok
+        data["verdict"] = self.verdict
+        return data
+
+    def cells(self, output_names: Sequence[str] = ()) -> dict[str, str]:
+        """The output as the command line, the demo and ``str(report)`` show it: one rendering, by column
+        (``CELLS``); ``output_names``, the report's, name the other outputs it shares memory with."""
+        tensor = self.kind is OutputKind.TENSOR
+        return {
+            "#": str(self.index),
+            "name": self.name or "-",
+            "shape": str(list(self.shape)) if tensor else "-",
+            "dtype": (self.dtype or "-") if tensor else self.kind.value,
+            "strides": str(list(self.strides)) if tensor else "-",
+            "layout": self.verdict,
+            "fix": "copy" if self.action is Action.COPY else "-",
+            "aliases": ", ".join(alias.said(output_names) for alias in self.aliases) or "-",
+            "cause": self.cause or "-",
+            "source": shortened(self.source_line) if self.source_line else "-",
+        }
+
+
+SOURCE_SHOWN = 40
+"""Characters of a source line's code a table cell shows (the record and the JSON keep it whole)."""
+
+
+def shortened(source: str) -> str:
+    """A source line with its code cut to ``SOURCE_SHOWN`` characters, for a table cell."""
+    where, _, code = source.partition("  ")
+    return f"{where}  {code[:SOURCE_SHOWN - 1]}…" if len(code) > SOURCE_SHOWN else source
+
+
+CELLS = ("#", "name", "shape", "dtype", "strides", "layout", "fix", "aliases", "cause", "source")
+"""The columns of an output's row, in order (``OutputLayout.cells``)."""
+
+
+def _saving(fraction: Optional[float]) -> str:
+    return "" if fraction is None else f", {fraction:.0%} of those ops' FLOPs saved"
+
+
+@dataclass(frozen=True)
+class LayoutReport:
+    """Every user output of one method, in return order."""
+
+    dialect: str
+    outputs: tuple[OutputLayout, ...]
+    source: str = "analysis"
+    """``analysis`` (the graph alone) or ``lowering`` (Inductor's own lowering, ``inspect(exact=True)``)."""
+    device: str = "cpu"
+    """The device the layouts are for (``strideguard.compiler.targets.Target`` in words: kind, compute capability
+    assumed, and whether the device was here or the lowering ran on fake tensors)."""
+    symbols: tuple[tuple[str, str], ...] = ()
+    """What each symbolic size in the shapes and strides stands for, ``("s77", "x.size(0), 2 to 64")``
+    (``program.naming.symbol_meanings``)."""
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    @property
+    def copies_needed(self) -> tuple[OutputLayout, ...]:
+        return tuple(o for o in self.outputs if o.action is Action.COPY)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "dialect": self.dialect,
+            "source": self.source,
+            "device": self.device,
+            "symbols": dict(self.symbols),
+            "outputs": [o.to_dict() for o in self.outputs],
+        }
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def __str__(self) -> str:
+        lines = [f"{'ok' if self.ok else 'NOT OK'}: {len(self.outputs)} user outputs ({self.dialect}, for {self.device})"]
+        names = [o.name or str(o.index) for o in self.outputs]
+        for o in self.outputs:
+            c = o.cells(names)
+            if o.kind is not OutputKind.TENSOR:
+                lines.append(f"  [{c['#']}] {c['name']}: {c['dtype']}")
+                continue
+            alias = f", aliases {c['aliases']}" if o.aliases else ""
+            cause = f", {c['cause']}" if o.cause else ""
+            lines.append(
+                f"  [{c['#']}] {c['name']}: {c['shape']} {c['dtype']} strides {c['strides']}: {c['layout']}{cause}{alias} "
+                f"-> {o.action.value} ({o.reason.value})"
+            )
+            if o.source_line:
+                lines.append(f"      at {o.source_line}")
+            if o.pushdown:
+                lines.append(f"      with pushdown: {o.pushdown}{_saving(o.flops_saved)}")
+        lines += [f"  {symbol}: {meaning}" for symbol, meaning in self.symbols]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output of a compiled and run method, measured.
+
+    ``in_target_layout`` is the one judgement strideguard uses everywhere
+    (``program.density.has_layout``): exactly the strides of ``target_dim_order``,
+    size-one dimensions included. ``predicted_strides`` (what ``inspect``
+    predicted; ``None`` where it left the layout to Inductor) and
+    ``lowered_strides`` (what Inductor's lowering gave) are for the run's sizes.
+    """
+
+    index: int
+    name: Optional[str]
+    kind: OutputKind
+    match: bool
+    shape: Optional[tuple] = None
+    dtype: Optional[str] = None
+    strides: Optional[tuple] = None
+    storage_offset: Optional[int] = None
+    contiguous: Optional[bool] = None
+    dense: Optional[bool] = None
+    target_dim_order: Optional[tuple] = None
+    in_target_layout: Optional[bool] = None
+    aliases: tuple[Alias, ...] = ()
+    max_abs_error: Optional[float] = None
+    predicted_strides: Optional[tuple] = None
+    lowered_strides: Optional[tuple] = None
+    reference_error: Optional[float] = None
+    """With ``verify(..., reference=...)``: the largest difference from the reference program's output
+    (0.0 when bitwise equal)."""
+    eager_tolerance: Optional[tuple[float, float]] = None
+    """The ``(rtol, atol)`` within which the output had to equal eager's (``verify.EAGER_TOLERANCES``, or
+    ``verify``'s ``tolerances``); ``None`` when compared exactly (integers, ``bool``) or not a tensor."""
+    node: Optional[str] = None
+    """The graph node returned there (``name`` is the user's: its path in what the method returns)."""
+    kept: bool = False
+    """The user asked for it as the compiler lays it out (``layouts={name: "keep"}``): any layout is right."""
+    source_line: Optional[str] = None
+    """The user's source line that made it, as in ``OutputLayout``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.match and (self.kind != "tensor" or bool(self.in_target_layout) or self.kept)
+
+    @property
+    def verdict(self) -> str:
+        """In its target layout as measured, or why not, in one phrase (``layout_verdict``)."""
+        return layout_verdict(
+            self.kind, self.in_target_layout, Reason.KEPT if self.kept else None,
+            self.shape, self.strides, self.target_dim_order,
+        )
+
+    @property
+    def as_predicted(self) -> Optional[bool]:
+        """Whether the strides returned are those ``inspect`` predicted and Inductor's lowering gave
+        (``None`` when there was neither; an empty tensor has no layout to predict)."""
+        if self.kind != "tensor" or (self.predicted_strides is None and self.lowered_strides is None):
+            return None
+        if self.shape is not None and 0 in self.shape:
+            return True
+        return all(s is None or tuple(s) == tuple(self.strides) for s in (self.predicted_strides, self.lowered_strides))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("shape", "strides", "target_dim_order", "predicted_strides", "lowered_strides", "eager_tolerance"):
+            data[key] = list(data[key]) if data[key] is not None else None
+        data["kind"] = self.kind.value
+        data["aliases"] = [str(a) for a in self.aliases]
+        data["ok"] = self.ok
+        data["verdict"] = self.verdict
+        data["as_predicted"] = self.as_predicted
+        return data
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """A method compiled with AOTInductor, run, and compared with eager."""
+
+    device: str
+    compile_seconds: float
+    outputs: tuple[OutputCheck, ...]
+    runs: tuple[tuple[str, tuple[OutputCheck, ...]], ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs) and all(o.ok for _, checks in self.runs for o in checks)
+
+    @property
+    def all_checks(self) -> tuple[OutputCheck, ...]:
+        return self.outputs + tuple(o for _, checks in self.runs for o in checks)
+
+    @property
+    def mispredicted(self) -> tuple[OutputCheck, ...]:
+        """Outputs whose returned strides differ from strideguard's prediction or Inductor's lowering."""
+        return tuple(o for o in self.all_checks if o.as_predicted is False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as ``verify --json`` prints it (``docs/command-line.md`` documents each field)."""
+        return {
+            "ok": self.ok,
+            "device": self.device,
+            "compile_seconds": round(self.compile_seconds, 3),
+            "mispredicted": [o.index for o in self.mispredicted],
+            "outputs": [o.to_dict() for o in self.outputs],
+            "runs": [{"inputs": label, "outputs": [o.to_dict() for o in checks]} for label, checks in self.runs],
+        }
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def __str__(self) -> str:
+        lines = [f"{'ok' if self.ok else 'NOT OK'}: compiled in {self.compile_seconds:.1f} s on {self.device}"]
+        names = [o.name or str(o.index) for o in self.outputs]
+        lines += _check_lines(self.outputs, names)
+        for label, checks in self.runs:
+            failed = [o.name or str(o.index) for o in checks if not o.ok]
+            lines.append(f"  on {label}: " + (f"NOT OK: {', '.join(failed)}" if failed else f"all {len(checks)} ok"))
+            lines += ["  " + line for line in _check_lines(checks, names) if failed]
+        return "\n".join(lines)
+
+
+def _check_lines(checks: Sequence[OutputCheck], names: Sequence[str] = ()) -> list[str]:
+    lines = []
+    for o in checks:
+        if o.kind != "tensor":
+            lines.append(f"  [{o.index}] {o.name or o.kind}: {o.kind}, {'match' if o.match else 'MISMATCH'}")
+            continue
+        alias = f", aliases {', '.join(a.said(names) for a in o.aliases)}" if o.aliases else ""
+        predicted = "" if o.as_predicted is not False else (
+            f", PREDICTED {list(o.predicted_strides or ())} LOWERED {list(o.lowered_strides or ())}"
+        )
+        within = "" if o.match or o.eager_tolerance is None else (
+            f" (rtol {o.eager_tolerance[0]:g}, atol {o.eager_tolerance[1]:g})"
+        )
+        reference = "" if o.reference_error is None else f", |err| vs reference {o.reference_error:g}"
+        lines.append(
+            f"  [{o.index}] {o.name}: strides {list(o.strides)}: {o.verdict}{alias}, max|err| {o.max_abs_error:g}, "
+            f"{'match' if o.match else 'MISMATCH'}{within}{reference}{predicted}"
+        )
+    return lines

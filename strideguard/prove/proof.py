@@ -1,0 +1,259 @@
+"""The closed loop: lower the *fixed* program through the real pipeline, and repair what still breaks.
+
+``densify_outputs(exact=True)`` and its siblings decide their copies from
+Inductor's lowering of the program as handed, which is a prediction about the
+fixed one. Two things can still break it: Inductor may drop a copy (its
+``remove_noop_ops`` removes a ``clone`` traced like its source, however it then
+lays the source out), and an AOTI backend's own passes, which run after
+strideguard's, may re-lay an output. So the fixed program is lowered again,
+through the same pipeline its compile will run (``aoti_compile_and_package``'s
+for ATen; ``AotiBackend.preprocess``'s view pass, custom passes and
+decomposition table for Edge), and every user output is checked against its
+target layout. An output still out of layout gets its copy in the one form that
+holds whatever layout its source is traced in (``CopyForm.KEPT``), replacing
+any weaker copy, and the program is lowered again. If the strongest form does
+not reach the layout either, ``LayoutNotReached`` names the output and the
+cause: strideguard never returns a program that silently breaks the promise.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch.export import ExportedProgram
+
+from ..compiler.lowering import LoweredOutput, Lowering
+from ..compiler.targets import LoweringUnavailable
+from ..decide.view_conversion import ConversionPolicy
+from ..fix.engine import transformed, with_kept_copies
+from ..program import density
+from ..program.copies import copy_form_of, CopyForm
+from ..program.exported import output_values, user_outputs
+from ..program.naming import output_names, source_line
+from ..program.promises import kept_outputs, target_dim_orders
+
+logger = logging.getLogger(__name__)
+
+MAX_ROUNDS = 3
+"""Lowerings of the fixed program at most: one to check, one after strengthening copies, one spare."""
+
+
+@dataclass(frozen=True)
+class Proof:
+    """How a fixed program was shown to return every user output in its target layout."""
+
+    rounds: int
+    """Lowerings of the fixed program it took (1: the fix held as planned)."""
+    seconds: float
+    """Time spent lowering the fixed program, all rounds."""
+    strengthened: tuple[int, ...]
+    """User outputs whose copy the loop had to insert or strengthen."""
+    backend: Optional[str] = None
+    unproven: tuple[int, ...] = ()
+    """User outputs in layout in Inductor's lowering that a compile may still write into memory an extern
+    kernel allocated, with the kernel's own strides in size-one dimensions (``LoweredOutput.kernel_memory``).
+    ``strideguard.aoti_compile_and_package`` compiles with ``compiler.lowering.ExternKernelMemory``, which rules that
+    out; a compile strideguard does not run cannot be told to, and these are then left unproven (logged).
+    Where part of the pipeline could not run (a backend's own passes), every output is unproven."""
+    target: str = "cpu"
+    """The device the lowering was for (``strideguard.compiler.targets.Target``, in words)."""
+    unproven_reason: Optional[str] = None
+    """Why ``unproven`` are not proven, in words."""
+    names: tuple[str, ...] = ()
+    """Every user output's name (``program.naming.output_names``), by index: what ``strengthened``, ``unproven`` and
+    ``copied`` say in the user's words (``named``)."""
+    copied: tuple[int, ...] = ()
+    """The user outputs the proven program returns a copy of strideguard's for."""
+    source_lines: tuple[Optional[str], ...] = ()
+    """Every user output's source line (``program.naming.source_line``), by index."""
+
+    def named(self, indices) -> list[str]:
+        """``indices`` as the user's output names."""
+        return [self.names[i] if i < len(self.names) else f"#{i}" for i in indices]
+
+
+@dataclass(frozen=True)
+class Unreached:
+    index: int
+    name: Optional[str]
+    strides: tuple
+    target_order: tuple
+    cause: str
+
+    def __str__(self) -> str:
+        named = f" ({self.name})" if self.name else ""
+        return (
+            f"output {self.index}{named} comes back with strides {list(density.format_strides(self.strides))}, "
+            f"not those of dim order {list(self.target_order)}: {self.cause}"
+        )
+
+
+class LayoutNotReached(RuntimeError):
+    """The fixed program still returns an output out of its target layout, with a copy in every form."""
+
+    def __init__(self, outputs: tuple[Unreached, ...]):
+        self.outputs = outputs
+        super().__init__("strideguard: cannot reach the promised layout: " + "; ".join(map(str, outputs)))
+
+
+PROOF_KEY = "strideguard_proof"
+"""``graph_module.meta`` key under which a proven program carries its ``Proof``."""
+
+
+def prove_layouts(
+    fixed: ExportedProgram,
+    lower: Callable[[ExportedProgram], Lowering],
+    *,
+    keeps_kernel_memory: bool = False,
+    max_rounds: int = MAX_ROUNDS,
+) -> tuple[ExportedProgram, Proof]:
+    """Lower ``fixed`` with ``lower`` until every user output is in its target layout, strengthening copies.
+
+    Returns the program that was proven (``fixed`` itself when its copies held) and how.
+    Raises ``LayoutNotReached`` when an output is out of layout with the strongest copy in place.
+    ``keeps_kernel_memory``: the compile that follows runs ``compiler.lowering.ExternKernelMemory``.
+    """
+    lowered_seconds = 0.0
+    strengthened: list[int] = []
+    for round_number in range(1, max_rounds + 1):
+        lowering = lower(fixed)
+        lowered_seconds += lowering.seconds
+        wrong = _out_of_layout(fixed, lowering)
+        if not wrong:
+            unproven, why = _unproven(lowering, keeps_kernel_memory)
+            proof = Proof(
+                round_number, lowered_seconds, tuple(strengthened), lowering.backend, unproven, str(lowering.target), why,
+                tuple(output_names(fixed)), _copied_outputs(fixed), _source_lines(fixed),
+            )
+            if unproven:
+                logger.warning(
+                    "strideguard: outputs %s are not proven in their layout: %s", ", ".join(proof.named(unproven)), why
+                )
+            fixed.graph_module.meta[PROOF_KEY] = proof
+            return fixed, proof
+        unreachable = [
+            _unreached(fixed, index, lowered, order, lowering)
+            for index, lowered, order in wrong
+            if copy_form_of(output_values(fixed.graph)[_position(fixed, index)]) == CopyForm.KEPT.value
+        ]
+        if unreachable or round_number == max_rounds:
+            raise LayoutNotReached(tuple(unreachable) or tuple(
+                _unreached(fixed, index, lowered, order, lowering) for index, lowered, order in wrong
+            ))
+        fixed = with_kept_copies(fixed, [index for index, _, _ in wrong])
+        strengthened += [index for index, _, _ in wrong if index not in strengthened]
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def fixed_and_proven(
+    program: ExportedProgram,
+    policy: ConversionPolicy,
+    lower: Callable[[ExportedProgram], Lowering],
+    *,
+    lower_fixed: Optional[Callable[[ExportedProgram], Lowering]] = None,
+    keeps_kernel_memory: bool = False,
+    falls_back: bool = False,
+    **options,
+) -> tuple[ExportedProgram, int, Proof]:
+    """``transformed`` with its copies decided by Inductor's lowering (``lower``) of the program planned on
+    (``program``, or its working copy with the pushdowns applied), then the loop closed on the result with
+    ``lower_fixed`` (by default ``lower``): the fixed program, the nodes the fix changed, and its ``Proof``.
+    With ``falls_back``, where the lowering cannot run here (``LoweringUnavailable``), every tensor output is
+    copied instead and the ``Proof`` lists them all as unproven, with why (logged); otherwise it raises."""
+    try:
+        fixed, changed = transformed(program, policy, lower=lower, **options)
+    except LoweringUnavailable as error:
+        if not falls_back:
+            raise
+        return _copied_unproven(program, policy, str(error), options)
+    fixed, proof = prove_layouts(fixed, lower_fixed or lower, keeps_kernel_memory=keeps_kernel_memory)
+    return fixed, changed, proof
+
+
+def _copied_unproven(program: ExportedProgram, policy: ConversionPolicy, why: str, options: dict):
+    """Where the target's lowering cannot run here: every tensor output copied, and none claimed proven."""
+    fixed, changed = transformed(program, policy, lowering_unavailable=why, **options)
+    outputs = user_outputs(fixed.graph_signature)
+    returned = output_values(fixed.graph)
+    tensors = tuple(
+        out.index for out in outputs
+        if isinstance(getattr(returned[out.position], "meta", {}).get("val"), torch.Tensor)
+    )
+    target = options.get("target")
+    backend = options.get("backend")
+    proof = Proof(
+        0, 0.0, (), getattr(backend, "name", None), tensors, str(target or "cpu"), why,
+        tuple(output_names(fixed)), _copied_outputs(fixed), _source_lines(fixed),
+    )
+    logger.warning(
+        "strideguard: outputs %s are copied but not proven in their layout: %s", ", ".join(proof.named(tensors)), why
+    )
+    fixed.graph_module.meta[PROOF_KEY] = proof
+    return fixed, changed, proof
+
+
+def _copied_outputs(program: ExportedProgram) -> tuple[int, ...]:
+    returned = output_values(program.graph)
+    return tuple(
+        out.index for out in user_outputs(program.graph_signature) if copy_form_of(returned[out.position]) is not None
+    )
+
+
+def _source_lines(program: ExportedProgram) -> tuple[Optional[str], ...]:
+    returned = output_values(program.graph)
+    return tuple(source_line(returned[out.position]) for out in user_outputs(program.graph_signature))
+
+
+def _unproven(lowering: Lowering, keeps_kernel_memory: bool) -> tuple[tuple[int, ...], Optional[str]]:
+    """The outputs a lowering in layout still does not prove, and why."""
+    tensors = [index for index, lowered in enumerate(lowering.outputs) if lowered is not None]
+    if lowering.unavailable:
+        return tuple(tensors), f"{lowering.unavailable}; each is copied in a form that holds whatever they do"
+    if keeps_kernel_memory:
+        return (), None
+    at_risk = tuple(index for index in tensors if lowering.outputs[index].kernel_memory)
+    if not at_risk:
+        return (), None
+    return at_risk, (
+        "they may be computed into memory an extern kernel allocated, with its own strides in size-one "
+        "dimensions; strideguard.aoti_compile_and_package compiles so that they are not"
+    )
+
+
+def _position(program: ExportedProgram, index: int) -> int:
+    return user_outputs(program.graph_signature)[index].position
+
+
+def _out_of_layout(program: ExportedProgram, lowering: Lowering) -> list[tuple[int, LoweredOutput, tuple]]:
+    orders = target_dim_orders(program)
+    if len(lowering.outputs) != len(orders):
+        raise RuntimeError(
+            f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(orders)} user outputs"
+        )
+    kept = kept_outputs(program)
+    wrong = []
+    for index, (order, lowered) in enumerate(zip(orders, lowering.outputs)):
+        if order is None or lowered is None or index in kept:
+            continue
+        if any(density.has_layout(lowered.shape, strides, order) is not True for strides in lowered.every_strides):
+            wrong.append((index, lowered, order))
+    return wrong
+
+
+def _unreached(program: ExportedProgram, index: int, lowered: LoweredOutput, order: tuple, lowering: Lowering) -> Unreached:
+    node = output_values(program.graph)[_position(program, index)]
+    if copy_form_of(node) == CopyForm.KEPT.value:
+        by = f"{lowering.backend}'s own passes or Inductor" if lowering.backend else "Inductor"
+        cause = f"{by} re-lay it after strideguard's strongest copy"
+    elif copy_form_of(node) is not None:
+        cause = "strideguard's copy did not hold"
+    else:
+        cause = "it is not copied"
+    if lowering.unavailable:
+        cause += f" ({lowering.unavailable})"
+    return Unreached(index, output_names(program)[index], tuple(lowered.strides), tuple(order), cause)
+
+
