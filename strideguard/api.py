@@ -73,7 +73,7 @@ def inspect(
     a quarter of a full compile, 0.1 s for a policy head, several seconds for
     a UNet, measured in ``docs/benchmarks.md``) and every output is decided by it.
 
-    ``backend`` names the AOTI backend an Edge program is lowered for (a class
+    ``backend`` names the AOTI backend an Edge program is delegated to (a class
     deriving from ExecuTorch's ``AotiBackend``, or its name: ``"CudaBackend"``,
     ``"MetalBackend"``): its own passes and decomposition table run after
     ExecuTorch's view pass, as its ``preprocess`` runs them

@@ -70,7 +70,7 @@ class DenseOutputsPass(ExportedProgramPassBase):
     ``detach_copy``, which the AOTI runtime cannot run, becomes ``alias_copy``.
     Nothing else changes.
 
-    ``backend`` names the backend the method is lowered for (its class or
+    ``backend`` names the backend the method is delegated to (its class or
     name, e.g. ``"CudaBackend"``, with the ``compile_specs`` given to its
     partitioner; by default the one naming the method ``forward``): its own
     passes and decomposition table, which ``preprocess`` runs after this pass,

@@ -22,7 +22,7 @@ bounded by the file's size, in a result or in one line:
   configuration, or a value of the program, declaring 150,000 sizes of
   2**63 - 1 with stride 0;
 * ``chain-8000``: 8,000 chained views (FakeTensor keeps each view's chain of
-  view functions, so a naive replay holds 32 million);
+  view functions, so a naive recomputation holds 32 million);
 * ``largest``: the largest program the loader admits: ``limits.MAX_NODES``
   nodes (a dynamic-batch chain of ``add``s, built by editing the JSON of a
   short one) whose size expressions, padded with terms of no value, hold

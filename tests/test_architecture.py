@@ -30,7 +30,7 @@ ENGINE = "fix.engine"
 
 BEHIND_THE_PLAN = ("fix.passes", "decide.pushdown", "program.view_values")
 """What the one plan holds and applies: a caller that reached one of them would plan or apply on its own,
-beside the plan (the side doors ``pushed_down``, ``replay.Geometry`` once were)."""
+beside the plan (the side doors ``pushed_down``, ``recomputation.Geometry`` once were)."""
 
 
 def module_files() -> dict[str, Path]:

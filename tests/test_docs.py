@@ -1,4 +1,10 @@
-"""The docs name only what exists: every ``strideguard.…`` path written in README.md and docs/ resolves."""
+"""The docs name only what exists, and name what users meet.
+
+Every ``strideguard.…`` path written in README.md and docs/ resolves; every
+public name of the package is documented in docs/api.md; every command of the
+command line in docs/command-line.md; every folder and module of the tree in
+the README's table of stages.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +39,39 @@ def resolve(path: str) -> object:
     return value
 
 
-def test_the_docs_name_paths():
-    assert len(_paths()) >= 20
+def test_every_public_name_is_documented_in_the_api_reference():
+    import strideguard
+
+    api = (REPOSITORY / "docs" / "api.md").read_text()
+    missing = [name for name in strideguard.__all__ if name != "__version__" and not re.search(rf"`(strideguard\.)?{name}\b", api)]
+    assert not missing, f"docs/api.md does not document {missing}"
+
+
+def test_every_command_is_documented_in_the_command_line_reference():
+    import strideguard.cli
+
+    reference = (REPOSITORY / "docs" / "command-line.md").read_text()
+    commands = [command.name or command.callback.__name__ for command in strideguard.cli.app.registered_commands]
+    assert len(commands) >= 5
+    missing = [name for name in commands if f"`strideguard {name}" not in reference]
+    assert not missing, f"docs/command-line.md does not document the commands {missing}"
+
+
+def test_the_readme_names_every_folder_and_module_of_the_tree():
+    readme = (REPOSITORY / "README.md").read_text()
+    table = readme[readme.index("| folder | stage |"):]
+    table = table[: table.index("\n\n")]
+    package = REPOSITORY / "strideguard"
+    for folder in sorted(path for path in package.iterdir() if (path / "__init__.py").exists() and path.name != "testing"):
+        assert f"`{folder.name}/`" in table, f"the README's table of stages does not name {folder.name}/"
+        for module in sorted(folder.glob("*.py")):
+            if module.name != "__init__.py":
+                assert f"`{module.name}`" in table, f"the README's table of stages does not name {folder.name}/{module.name}"
+        for subpackage in sorted(path for path in folder.iterdir() if (path / "__init__.py").exists()):
+            assert f"`{subpackage.name}/`" in table, f"the README's table of stages does not name {folder.name}/{subpackage.name}/"
+    for module in sorted(package.glob("*.py")):
+        if not module.name.startswith("__"):
+            assert f"`{module.name}`" in table, f"the README's table of stages does not name {module.name}"
 
 
 @pytest.mark.parametrize("path", _paths())

@@ -93,7 +93,7 @@ def test_convert_views_retargets_the_planned_view_copies_and_replays_their_value
     for node, view_op in planned.items():
         assert node.target is view_op and node.target is not copies_before[node.name]
         base = node.args[0].meta["val"]
-        assert node.meta["val"].untyped_storage()._cdata == base.untyped_storage()._cdata, "not replayed as a view"
+        assert node.meta["val"].untyped_storage()._cdata == base.untyped_storage()._cdata, "not recomputed as a view"
     for expected, value in zip(PieceAndDetach()(x), run(edge, graph, x)):
         torch.testing.assert_close(value, expected, rtol=0, atol=0)
 

@@ -16,12 +16,14 @@ import strideguard
 from strideguard.program.exported import UserOutput
 from strideguard.prove.verification import (
     EAGER_TOLERANCES,
+    _against_reference,
     _check_one,
     _computed_on_the_way,
     _output_tolerance,
     _tolerance_table,
     _values_match,
     check_compiled,
+    largest_difference,
 )
 
 LOW_PRECISION = [torch.bfloat16, torch.float16]
@@ -114,6 +116,39 @@ def test_nan_equals_nan_and_infinity_only_itself():
     assert matches(reference.clone(), reference)
     assert not matches(torch.tensor([1.0, float("inf"), -float("inf"), 1.0], dtype=torch.bfloat16), reference)
     assert not matches(torch.tensor([float("nan"), float("inf"), float("inf"), 1.0], dtype=torch.bfloat16), reference)
+
+
+NAN, INF = float("nan"), float("inf")
+ONE_NAN_RULE = [
+    # value, reference, equal, largest difference
+    ([NAN, 1.0], [NAN, 1.0], True, 0.0),
+    ([INF, -INF], [INF, -INF], True, 0.0),
+    ([NAN, 1.0], [1.0, 1.0], False, INF),
+    ([1.0, 1.0], [NAN, 1.0], False, INF),
+    ([INF, 1.0], [-INF, 1.0], False, INF),
+    ([INF, 1.0], [3.0e38, 1.0], False, INF),
+    ([NAN, 1.5], [NAN, 1.0], False, 0.5),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("value, reference, equal, difference", ONE_NAN_RULE)
+def test_one_nan_rule_for_the_match_and_the_largest_error_against_eager_and_a_reference(dtype, value, reference, equal, difference):
+    """A NaN equals a NaN, an infinity only itself; the largest error says the same as the match, against the
+    eager run (tolerance or exact) and against a reference program (``verify(reference=...)``), where a NaN
+    difference once read as 0 against a reference and as infinity against eager."""
+    value, reference = torch.tensor(value, dtype=dtype), torch.tensor(reference, dtype=dtype)
+    if dtype is torch.bfloat16 and 3.0e38 in reference.tolist():
+        reference = torch.tensor([INF, 1.0], dtype=dtype).nan_to_num(posinf=torch.finfo(dtype).max)
+    expected = difference if difference in (0.0, INF) else float((value.double() - reference.double()).abs()[1])
+    assert largest_difference(value, reference) == expected
+    assert _values_match(value, reference, None) is equal
+    assert _values_match(value, reference, (1e-4, 1e-5)) is (equal or expected <= 1e-5 + 1e-4 * 1.5)
+    check = strideguard.OutputCheck(index=0, name="out", kind=strideguard.OutputKind.TENSOR, match=True)
+    for tolerance in (None, (1e-4, 1e-5)):
+        (measured,) = _against_reference((check,), (value,), (reference,), tolerance)
+        assert measured.reference_error == expected
+        assert measured.match is _values_match(value, reference, tolerance)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])

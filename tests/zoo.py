@@ -240,7 +240,7 @@ class Judgement:
     undecided: list[int]
     """Outputs the fast analysis left to Inductor (each copied)."""
     mispredicted: list[str]
-    """Decided outputs whose predicted strides differ from those returned."""
+    """Settled outputs whose predicted strides differ from those returned."""
     after: list[str]
     """Outputs still outside their target layout after the fix."""
     values: list[str] = field(default_factory=list)

@@ -3,7 +3,7 @@
 Inductor itself tells the two apart: a ``FixedLayout`` is decided (an extern
 kernel's output, a graph input), a ``FlexibleLayout`` is Inductor's to choose
 when it realizes or fuses the buffer. The analysis mirrors that with two
-records. ``Decided``: the strides the compiled method returns. ``LeftToInductor``:
+records. ``Settled``: the strides the compiled method returns. ``LeftToInductor``:
 the strides as traced, the other layouts Inductor may choose (or
 ``any_layout``), and why. Each case below was found against a real compile
 (most by ``make fuzz``); ``inspect(exact=True)`` asks Inductor instead.
@@ -25,7 +25,7 @@ from ..program.dialect import aten_op
 from ..program.fake_values import call_on_fake_values, fresh_strided
 from ..program.ops import op_name
 from ..program.records import Alias, AliasKind
-from ..program.view_values import Geometry, Layout, view_geometry
+from ..program.view_values import Geometries, Geometry, view_geometry
 from .relayout import lays_out_its_own_result
 
 aten = torch.ops.aten
@@ -52,8 +52,8 @@ class Compilation:
 
 
 @dataclass(frozen=True)
-class Decided:
-    """The strides the compiled method returns, decided by the graph (Inductor's ``FixedLayout``)."""
+class Settled:
+    """The strides the compiled method returns, settled by the graph (Inductor's ``FixedLayout``)."""
 
     strides: tuple
     note: Optional[str] = None
@@ -74,7 +74,7 @@ class LeftToInductor:
     """Inductor may choose layouts not even listed: always copied."""
 
 
-CompiledLayout = Union[Decided, LeftToInductor]
+CompiledLayout = Union[Settled, LeftToInductor]
 
 
 def _overlapping(tensor: torch.Tensor) -> bool:
@@ -90,7 +90,7 @@ def compiled_layout(
 ) -> CompiledLayout:
     """What AOTInductor hands back for a user output: the view chain over its base, as Inductor lays the base out.
 
-    Decided here: views of inputs; views of weights Inductor keeps as
+    Settled here: views of inputs; views of weights Inductor keeps as
     constant buffers (the wrapper returns a clone of them); outputs that are
     not views (the strides of their value after Inductor's decompositions);
     and views of what Inductor writes before any view is taken (an extern
@@ -112,7 +112,7 @@ def compiled_layout(
         fresh = tuple(density.strides_for_order(tensor.shape, density.identity_order(tensor.dim())))
         if base_role is None or base_role.kind is AliasKind.INPUT:
             if not restrided or density.same_sizes(viewed, fresh):
-                return Decided(viewed)
+                return Settled(viewed)
             return LeftToInductor(
                 viewed,
                 why="a view of an input with a size-one dimension, whose stride Inductor may re-stride",
@@ -123,10 +123,10 @@ def compiled_layout(
             # The wrapper clones a view of a constant it can see as one, unless it re-strides it first.
             copied = density.preserve_format_strides(tensor)
             if not restrided:
-                return Decided(copied, note="AOTInductor returns a copy of a weight's view")
+                return Settled(copied, note="AOTInductor returns a copy of a weight's view")
             alternatives = tuple(c for c in (viewed, fresh) if not density.same_sizes(c, copied))
             if not alternatives:
-                return Decided(copied, note="AOTInductor returns a copy of a weight's view")
+                return Settled(copied, note="AOTInductor returns a copy of a weight's view")
             return LeftToInductor(
                 copied,
                 why="AOTInductor returns a copy of this view of a weight, the view itself re-strided for "
@@ -175,18 +175,18 @@ def compiled_layout(
                 any_layout=True,
             )
     if not chain:
-        return Decided(base_strides)
+        return Settled(base_strides)
     strides = tuple(tensor.stride())
     if not density.same_sizes(base_strides, values(base).stride()):
-        replayed = _replayed_over(chain, base, _restrided(values(base), base_strides), values, op_of)
-        if replayed is None:
+        recomputed = _recomputed_over(chain, base, _restrided(values(base), base_strides), values, op_of)
+        if recomputed is None:
             return LeftToInductor(
                 strides,
                 why="this view cannot be taken of its base as Inductor's decomposition lays it out, so "
                 "Inductor copies it in a layout of its choosing",
                 any_layout=True,
             )
-        strides = replayed
+        strides = recomputed
     producer = decomposition.producer if decomposition is not None else aten_op(op_of(base))
     if base not in returned and ops.in_family(producer, ops.CONCATENATIONS):
         return LeftToInductor(
@@ -205,7 +205,7 @@ def compiled_layout(
         # Realized rather than fused, the producer gets Inductor's own layout, which need not be the traced
         # one (found by ``make fuzz``: ``logical_not`` of a transposed input realized contiguously).
         base_value = values(base)
-        realized = _replayed_over(chain, base, _restrided(base_value, _contiguous(base_value)), values, op_of)
+        realized = _recomputed_over(chain, base, _restrided(base_value, _contiguous(base_value)), values, op_of)
         return LeftToInductor(
             strides,
             why=f"a view of {name}, which Inductor may fuse into this output and lay out afresh, or "
@@ -213,7 +213,7 @@ def compiled_layout(
             alternatives=() if realized is None else (realized,),
             any_layout=realized is None,
         )
-    return Decided(strides)
+    return Settled(strides)
 
 
 def _with_inductors_size_one_strides(node: Node, strides: tuple, compilation: Compilation) -> Optional[tuple]:
@@ -268,7 +268,7 @@ def _inductor_value(node: Node, compilation: Compilation) -> Any:
 
 def _traced(node: Node, compilation: Compilation) -> Any:
     """``node``'s value as traced, for the op it runs once compiled: its own where that op is its target (no
-    replay needed, which dispatches), else the compiled value (an Edge view copy that becomes a view)."""
+    recomputation needed, which dispatches), else the compiled value (an Edge view copy that becomes a view)."""
     if node.op == "call_function" and compilation.op_of(node) is not node.target:
         return compilation.values(node)
     value = node.meta.get("val")
@@ -348,11 +348,11 @@ def _sealed_view_copy(tensor: torch.Tensor, chain: list[Node], base: Node, compi
         return None
     traced = tuple(tensor.stride())
     if statically_known_true(tensor.numel() < 2):
-        return Decided(traced)  # no copy: Inductor gives an output of one element the traced strides
+        return Settled(traced)  # no copy: Inductor gives an output of one element the traced strides
     copied = inductor.copy_in_traced_order(tuple(tensor.shape), traced)
     if copied is None:
         return _unfollowed(tensor)
-    return Decided(copied, note="Inductor returns this view of a view as a dense copy in the traced order")
+    return Settled(copied, note="Inductor returns this view of a view as a dense copy in the traced order")
 
 
 def _unfollowed(tensor: torch.Tensor) -> LeftToInductor:
@@ -421,15 +421,15 @@ def _restrided(value: torch.Tensor, strides: tuple) -> torch.Tensor:
     return fresh_strided(value, tuple(value.shape), tuple(strides))
 
 
-def _replayed_over(
+def _recomputed_over(
     chain: list[Node], base: Node, base_value: torch.Tensor, values: Values, op_of: Ops
 ) -> Optional[tuple]:
-    """The strides of the view chain replayed over another value of its base, or None where a
+    """The strides of the view chain recomputed over another value of its base, or None where a
     ``view`` in it cannot be a view of that value (found by ``make fuzz``).
 
     By stride arithmetic where every view allows it (no dispatch per view: a chain of 8,000 views is
-    replayed in milliseconds), else on fake tensors."""
-    geometry: Layout = Geometry.of(base_value)
+    recomputed in milliseconds), else on fake tensors."""
+    geometry: Geometries = Geometry.of(base_value)
     for node in reversed(chain):
         if isinstance(geometry, list) and node.target is operator.getitem:
             geometry = geometry[node.args[1]]

@@ -18,7 +18,7 @@ from ..program import density, ops
 from ..program.copies import copy_form_of
 from ..program.dialect import aten_op
 from ..program.ops import is_view_op
-from ..program.view_values import beside_traced, Geometry, Layout
+from ..program.view_values import beside_traced, Geometries, Geometry
 
 
 class RelaidNodes:
@@ -48,7 +48,7 @@ class RelaidNodes:
     remembered per shape).
     """
 
-    def __init__(self, converted: Iterable[Node], geometry: Callable[[Node], Layout], op_of: Callable[[Node], Any]):
+    def __init__(self, converted: Iterable[Node], geometry: Callable[[Node], Geometries], op_of: Callable[[Node], Any]):
         self.converted = set(converted)
         self.geometry = geometry
         self.op_of = op_of
@@ -136,7 +136,7 @@ def _channels_last_input(node: Node) -> bool:
     return inductor.concat_may_go_channels_last([value]) and not exactly_contiguous
 
 
-def _strides_as_traced(node: Node, converted: set[Node], geometry: Callable[[Node], Layout]) -> Optional[tuple]:
+def _strides_as_traced(node: Node, converted: set[Node], geometry: Callable[[Node], Geometries]) -> Optional[tuple]:
     """``node``'s strides in the graph Inductor traces: a converted view's own, else its traced value's."""
     if node in converted and isinstance(found := geometry(node), Geometry):
         return tuple(found.strides)
@@ -191,7 +191,7 @@ def _decomposition_relays(node: Node, op: Any) -> bool:
     return found is None or not density.same_sizes(found.strides, original.stride())
 
 
-def _relaid(geometry: Layout, node: Node) -> bool:
+def _relaid(geometry: Geometries, node: Node) -> bool:
     """Whether a converted view may make the ops reading it lay out their results otherwise.
 
     An op that follows its inputs' layout (elementwise ops, ``clone`` and

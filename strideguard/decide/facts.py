@@ -70,7 +70,7 @@ def view_source(node: Node, values: Values, op_of: Ops = own_op) -> Optional[Nod
 
 @dataclass(frozen=True)
 class OutputFacts:
-    """Everything decided about one user output; ``layout`` is its public face."""
+    """Everything decided about one user output; ``reported`` is its public face, the record ``inspect`` reports."""
 
     output: UserOutput
     node: Optional[Node]
@@ -78,17 +78,17 @@ class OutputFacts:
     """View nodes from the output inward, ending before ``base``."""
     base: Optional[Node]
     target_order: Optional[tuple[int, ...]]
-    layout: OutputLayout
+    reported: OutputLayout
     value: Any = None
-    """Its fake value as compiled (views replayed on their bases, so it shares their storage)."""
+    """Its fake value as compiled (views recomputed on their bases, so it shares their storage)."""
 
     @property
     def copied(self) -> bool:
-        return self.layout.action is Action.COPY
+        return self.reported.action is Action.COPY
 
     def uncopied(self) -> "OutputFacts":
         """The same facts, with no copy inserted for it (a runtime that copies every output anyway)."""
-        return replace(self, layout=replace(self.layout, action=Action.NONE))
+        return replace(self, reported=replace(self.reported, action=Action.NONE))
 
 
 def _describe_view(node: Node, op_of: Ops) -> str:
@@ -258,7 +258,7 @@ def analyze_outputs(
     """Facts for each user output of ``graph``.
 
     ``values`` gives each node's fake value in the compiled program (an Edge
-    program's view copies replayed as views); ``target_orders`` maps a user
+    program's view copies made views); ``target_orders`` maps a user
     output's index to its promised dim order (contiguous when absent);
     ``relaid`` holds the compute nodes whose layout those conversions may change;
     ``names`` each output's name in the user's words (``program.naming.output_names``; positional without).
@@ -322,6 +322,6 @@ def report(
     symbols: Optional[Mapping[str, str]] = None,
 ) -> LayoutReport:
     return LayoutReport(
-        dialect=dialect.value, outputs=tuple(f.layout for f in facts), source=source, device=device,
+        dialect=dialect.value, outputs=tuple(f.reported for f in facts), source=source, device=device,
         symbols=tuple((symbols or {}).items()),
     )

@@ -28,7 +28,7 @@ def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFa
         )
     exact = []
     for fact, lowered in zip(facts, lowering.outputs):
-        record = fact.layout
+        record = fact.reported
         if record.kind != "tensor" or lowered is None or fact.target_order is None:
             exact.append(fact)
             continue
@@ -61,7 +61,7 @@ def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFa
             reason=reason,
             explanation=explanation,
         )
-        exact.append(replace(fact, layout=record))
+        exact.append(replace(fact, reported=record))
     return exact
 
 
@@ -89,7 +89,7 @@ def left_to_backend(
                 break
     decided = []
     for fact in facts:
-        if fact.layout.kind != "tensor" or fact.node is None:
+        if fact.reported.kind != "tensor" or fact.node is None:
             decided.append(fact)
             continue
         why = unavailable if unavailable is not None else reached.get(fact.node)
@@ -97,13 +97,13 @@ def left_to_backend(
             decided.append(fact)
             continue
         record = replace(
-            fact.layout,
+            fact.reported,
             in_target_layout=None,
             action=Action.COPY,
             reason=Reason.BACKEND_DECIDES,
             explanation=f"{why}, after strideguard's passes: copied in a form that holds whatever layout they give it",
         )
-        decided.append(replace(fact, layout=record))
+        decided.append(replace(fact, reported=record))
     return decided
 
 
@@ -118,7 +118,7 @@ def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
     kept: dict[Any, int] = {}
     result = []
     for fact in facts:
-        record = fact.layout
+        record = fact.reported
         if fact.copied or not record.aliases or statically_known_true(fact.value.numel() == 0):
             result.append(fact)
             continue
@@ -132,7 +132,7 @@ def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
             continue
         explanation = f"shares memory with {', '.join(map(str, still_shared))}"
         record = replace(record, action=Action.COPY, reason=Reason.SHARES_MEMORY, explanation=explanation)
-        result.append(replace(fact, layout=record))
+        result.append(replace(fact, reported=record))
     return result
 
 
@@ -143,18 +143,18 @@ def as_asked(facts: list[OutputFacts], requested: Mapping[int, Any], edge: bool)
     (ExecuTorch's runtime holds the output to the promise)."""
     revised = []
     for fact in facts:
-        wanted = requested.get(fact.layout.index)
-        if wanted is None or fact.layout.kind != "tensor":
+        wanted = requested.get(fact.reported.index)
+        if wanted is None or fact.reported.kind != "tensor":
             revised.append(fact)
         elif wanted == KEEP:
-            revised.append(replace(fact, layout=replace(
-                fact.layout, action=Action.NONE, reason=Reason.KEPT,
-                explanation=f"kept as the compiler lays it out, as asked ({fact.layout.explanation})",
+            revised.append(replace(fact, reported=replace(
+                fact.reported, action=Action.NONE, reason=Reason.KEPT,
+                explanation=f"kept as the compiler lays it out, as asked ({fact.reported.explanation})",
             )))
         elif edge and not fact.copied and fact.node is not None and promised_dim_order(fact.node) != tuple(wanted):
             promised = list(promised_dim_order(fact.node))
-            revised.append(replace(fact, layout=replace(
-                fact.layout, action=Action.COPY, reason=Reason.PROMISE_CHANGED,
+            revised.append(replace(fact, reported=replace(
+                fact.reported, action=Action.COPY, reason=Reason.PROMISE_CHANGED,
                 explanation=f"the program promises dim order {promised}: copied into {list(wanted)}, as asked, "
                 "so that it promises that",
             )))

@@ -6,15 +6,15 @@ them as free. Which ones is the installed ExecuTorch's decision
 (``backend_conversions`` asks its own ``ReplaceViewCopyWithViewPass``), and it
 is taken whatever strideguard does before. strideguard's own policy converts
 more, where that is safe. ``plan_view_conversion`` decides both, in one pass
-over the graph, reading each candidate view's geometry from the replay
+over the graph, reading each candidate view's geometry from the view values
 (``strideguard.program.view_values``: stride arithmetic, no tensor dispatched for the
 common views), and returns a ``ViewConversion``: the conversions, and the
-replay of every node's value under them, which the analysis reads. Nothing
+value every node holds under them, which the analysis reads. Nothing
 in the graph changes; ``fix.passes.view_copies_to_views`` applies a plan.
 
 Safe means: no user mutates the result; no user may depend on its layout (an
 out-variant, an op outside ``aten``, a control-flow operator, a ``call_method``);
-a ``view_copy`` becomes a view only where its input's replayed strides allow
+a ``view_copy`` becomes a view only where its input's recomputed strides allow
 one; the program's verifier takes the view op. strideguard's policy also leaves
 a *returned* copy alone when turning it into a view would not save its copy: a
 returned ``permute_copy`` already writes the output densely, once; and a view
@@ -39,7 +39,7 @@ from ..program.exported import output_values
 from ..program.fake_values import call_on_fake_values, storage_key
 from ..program.ops import is_higher_order, is_view_op
 from ..program.promises import promised_dim_order
-from ..program.view_values import beside_traced, Geometry, Layout, Replay, view_geometry
+from ..program.view_values import beside_traced, Geometries, Geometry, view_geometry, ViewValues
 
 
 @dataclass(frozen=True)
@@ -116,17 +116,17 @@ def _conversions_by_running(graph: torch.fx.Graph, view_pass: Any, scope) -> dic
 @dataclass
 class ViewConversion:
     """The view conversion decided for a graph: the nodes strideguard turns into views (``targets``), those
-    the backend's own pass turns into views in ``preprocess`` (``later``), and the replay of every node's
-    value under both."""
+    the backend's own pass turns into views in ``preprocess`` (``later``), and the value every node
+    holds under both."""
 
     graph: torch.fx.Graph
     policy: ConversionPolicy
     targets: dict[Node, Any] = field(default_factory=dict)
     later: dict[Node, Any] = field(default_factory=dict)
-    replay: Replay = field(init=False)
+    view_values: ViewValues = field(init=False)
 
     def __post_init__(self):
-        self.replay = Replay(self.op_of, lambda node: self.converts(node) or is_view_op(node.target))
+        self.view_values = ViewValues(self.op_of, lambda node: self.converts(node) or is_view_op(node.target))
 
     def op_of(self, node: Node) -> Any:
         """The op ``node`` runs once compiled."""
@@ -136,11 +136,11 @@ class ViewConversion:
         return node in self.targets or node in self.later
 
     def value(self, node: Node) -> Any:
-        """The fake tensor ``node`` holds once compiled (views replayed on their bases)."""
-        return self.replay.value(node)
+        """The fake tensor ``node`` holds once compiled (views recomputed on their bases)."""
+        return self.view_values.value(node)
 
-    def geometry(self, node: Node) -> Layout:
-        return self.replay.geometry(node)
+    def geometry(self, node: Node) -> Geometries:
+        return self.view_values.geometry(node)
 
     def relaid(self) -> RelaidNodes:
         """Compute nodes whose traced layout Inductor's trace may change, and so what reads them
@@ -220,7 +220,7 @@ def plan_view_conversion(
             if not _conversion_pays(node, candidate, pieces, taken):
                 continue
         conversion.targets[node] = view_op
-        conversion.replay.set(node, candidate)
+        conversion.view_values.set(node, candidate)
         decided_returned_storages |= storages(pieces)
     return conversion
 
@@ -256,7 +256,7 @@ def _blocks_a_later_conversion(node: Node, conversion: ViewConversion) -> bool:
     return any(source in conversion.later for source in node.all_input_nodes)
 
 
-def _as_view(node: Node, view_op: Any, conversion: ViewConversion) -> Optional[Layout]:
+def _as_view(node: Node, view_op: Any, conversion: ViewConversion) -> Optional[Geometries]:
     """The geometry ``node`` would have as ``view_op``; ``None`` where it cannot be a view (a ``view_copy``
     whose input's strides allow no view)."""
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
@@ -272,11 +272,11 @@ def _as_view(node: Node, view_op: Any, conversion: ViewConversion) -> Optional[L
     return [Geometry.of(v) for v in value] if isinstance(value, (list, tuple)) else Geometry.of(value)
 
 
-def _pieces_of(node: Node, candidate: Layout, pieces: list[Node]) -> list[tuple[Node, Geometry]]:
+def _pieces_of(node: Node, candidate: Geometries, pieces: list[Node]) -> list[tuple[Node, Geometry]]:
     return [(p, candidate if p is node else candidate[p.args[1]]) for p in pieces]
 
 
-def _reorders_for_compute(node: Node, candidate: Layout, conversion: ViewConversion) -> bool:
+def _reorders_for_compute(node: Node, candidate: Geometries, conversion: ViewConversion) -> bool:
     """Whether the view would hand compute its elements in another dimension order.
 
     An elementwise op follows its input's dimension order, so its result would
@@ -332,7 +332,7 @@ def _rounds_otherwise(op: Any, *, gaps: bool, starts_inside: bool) -> bool:
     return (gaps and packet in ops.CONVOLUTIONS) or (starts_inside and packet in ops.GEMMS)
 
 
-def _conversion_pays(node: Node, candidate: Layout, pieces: list[Node], taken: set) -> bool:
+def _conversion_pays(node: Node, candidate: Geometries, pieces: list[Node], taken: set) -> bool:
     """Whether turning a returned copy into a view saves a copy.
 
     A returned piece that would come back out of its target layout, or sharing

@@ -2,7 +2,7 @@
 
 ``make_plan`` reads a graph once: which returned pieces move into their
 producers (``strideguard.decide.pushdown``), which view copies become views
-(``strideguard.decide.view_conversion``), the replay of every value under them, and the facts
+(``strideguard.decide.view_conversion``), the value every node holds under them, and the facts
 about each user output (``strideguard.decide.facts``), copied or not and why,
 optionally corrected by Inductor's lowering. The result is a frozen ``Plan``.
 ``apply_plan`` carries it out with the passes, one job each. ``inspect``
@@ -119,7 +119,7 @@ def make_plan(
 ) -> Plan:
     """Decide what to push down, convert and copy in ``graph`` (``graph`` itself never changes).
 
-    An ATen graph has views already: replaying them only restores the storage
+    An ATen graph has views already: recomputing them only restores the storage
     sharing a program loaded with ``torch.export.load`` has lost. With
     ``lower`` (Inductor's lowering of the graph planned on, after any pushdown),
     each output is copied as the lowering says rather than as the analysis does;
@@ -182,7 +182,7 @@ def _log_decisions(facts, applied, lowering, rewrites, copy_outputs: bool) -> No
     for pushdown in applied:
         logger.info("pushed down: %s", pushdown.description)
     for fact in facts:
-        record = fact.layout
+        record = fact.reported
         if record.kind != "tensor":
             continue
         logger.info("%s: %s (%s: %s)", record.name, "copy" if fact.copied else "no copy", record.reason.value, record.explanation)
@@ -204,7 +204,7 @@ def _with_pushdowns_described(facts: list[OutputFacts], found: tuple[Pushdown, .
     for fact in facts:
         pushdown = by_position.get(fact.output.position)
         if pushdown is not None:
-            fact = replace(fact, layout=replace(fact.layout, pushdown=pushdown.description, flops_saved=pushdown.saved))
+            fact = replace(fact, reported=replace(fact.reported, pushdown=pushdown.description, flops_saved=pushdown.saved))
         described.append(fact)
     return described
 

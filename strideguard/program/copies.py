@@ -166,7 +166,7 @@ def insert_copy(
     Inductor keeps, ``copy_form_for``); returns the last, with its metadata. ``serves``, the name of the
     output the copy is returned as, names the nodes after it (``actions_copy``, ..., ``actions_dense``),
     never after their ops."""
-    form = form or copy_form_for(source.meta.get("val"), dialect)  # a view has its copy's dtype: no replay
+    form = form or copy_form_for(source.meta.get("val"), dialect)  # a view has its copy's dtype: no recomputation
     involution = involution_call(dialect, source.meta["val"].dtype) if form is CopyForm.KEPT else None
     dense = [(involution, (), {})] * (2 if involution is not None else 0)
     shape = tuple(source.meta["val"].shape)

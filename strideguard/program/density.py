@@ -1,4 +1,4 @@
-"""Layout predicates that stay honest about symbolic shapes.
+"""Whether strides are dense in a dim order, answered honestly for symbolic shapes.
 
 Every predicate answers ``True``, ``False`` or ``None``: ``None`` when the sizes
 or strides are symbolic and the answer depends on values export did not fix.
@@ -16,8 +16,8 @@ import torch
 from torch._prims_common import make_contiguous_strides_for
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-Decision = Optional[bool]
-"""``True``/``False`` when decided for every size the program admits, ``None`` otherwise."""
+Known = Optional[bool]
+"""``True``/``False`` when known for every size the program admits, ``None`` where symbolic sizes leave it open."""
 
 Size = int | torch.SymInt
 
@@ -26,11 +26,11 @@ def _known(condition) -> bool:
     return condition if type(condition) is bool else statically_known_true(condition)
 
 
-def _all(decisions) -> Decision:
-    decisions = list(decisions)
-    if any(d is False for d in decisions):
+def _all(answers) -> Known:
+    answers = list(answers)
+    if any(d is False for d in answers):
         return False
-    if any(d is None for d in decisions):
+    if any(d is None for d in answers):
         return None
     return True
 
@@ -39,7 +39,7 @@ def identity_order(ndim: int) -> tuple[int, ...]:
     return tuple(range(ndim))
 
 
-def has_layout(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequence[int]) -> Decision:
+def has_layout(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequence[int]) -> Known:
     """Whether ``strides`` are exactly the strides a runtime derives from ``dim_order``.
 
     ExecuTorch builds each output's ETensor strides from its dim order and its
@@ -51,7 +51,7 @@ def has_layout(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequen
     return _dense_in_order(shape, strides, dim_order, literal=True)
 
 
-def is_dense_in_order(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequence[int]) -> Decision:
+def is_dense_in_order(shape: Sequence[Size], strides: Sequence[Size], dim_order: Sequence[int]) -> Known:
     """Whether the elements are dense in ``dim_order``, as torch judges it.
 
     Size-one dimensions may carry any stride and a tensor of fewer than two
@@ -60,11 +60,11 @@ def is_dense_in_order(shape: Sequence[Size], strides: Sequence[Size], dim_order:
     return _dense_in_order(shape, strides, dim_order, literal=False)
 
 
-def _dense_in_order(shape, strides, dim_order, *, literal: bool) -> Decision:
+def _dense_in_order(shape, strides, dim_order, *, literal: bool) -> Known:
     if any(_known(size == 0) for size in shape) or (not literal and _known(_numel(shape) < 2)):
         return True
     expected: Size = 1
-    verdicts: list[Decision] = []
+    verdicts: list[Known] = []
     for dim in reversed(tuple(dim_order)):
         size, stride = shape[dim], strides[dim]
         if not literal and _known(size == 1):
@@ -122,11 +122,11 @@ def same_order(shape: Sequence[Size], first: Sequence[Size], second: Sequence[Si
     return True
 
 
-def is_contiguous(shape: Sequence[Size], strides: Sequence[Size]) -> Decision:
+def is_contiguous(shape: Sequence[Size], strides: Sequence[Size]) -> Known:
     return is_dense_in_order(shape, strides, identity_order(len(shape)))
 
 
-def is_non_overlapping_and_dense(shape: Sequence[Size], strides: Sequence[Size]) -> Decision:
+def is_non_overlapping_and_dense(shape: Sequence[Size], strides: Sequence[Size]) -> Known:
     """Whether some order of the dimensions makes the strides dense.
 
     The candidate order sorts dimensions by decreasing stride; when strides are

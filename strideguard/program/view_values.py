@@ -1,9 +1,9 @@
-"""One replay of the compiled program's values: what each node holds once views are views.
+"""The compiled program's values: what each node holds once views are views.
 
 A graph's metadata describes the program as traced; once an AOTI backend
 turns view copies into views, and once a loaded program's views are
 re-linked to the storage they view, some nodes hold other strides or share
-other memory. The replay works that out lazily, per node asked for, in two
+other memory. ``ViewValues`` works that out lazily, per node asked for, in two
 forms:
 
 * ``geometry(node)``: shape, strides, storage offset and which memory, by
@@ -56,11 +56,11 @@ class Geometry:
         return all(type(v) is int for v in (*self.shape, *self.strides, self.offset))
 
 
-Layout = Union[Geometry, list, None]
+Geometries = Union[Geometry, list, None]
 """A node's geometry: one, a list (a split's chunks), or ``None`` for a value that is not a tensor."""
 
 
-def beside_traced(geometry: Layout, traced: Any) -> list[tuple[Geometry, tuple]]:
+def beside_traced(geometry: Geometries, traced: Any) -> list[tuple[Geometry, tuple]]:
     """Each piece of ``geometry`` beside the strides the node's traced value (``meta["val"]``, a tensor or
     its chunks) gives it, where both are there: how a view compares with the copy it was traced as."""
     if isinstance(geometry, Geometry) and isinstance(traced, torch.Tensor):  # one tensor, most nodes: no lists
@@ -70,15 +70,15 @@ def beside_traced(geometry: Layout, traced: Any) -> list[tuple[Geometry, tuple]]
     return [(g, tuple(o.stride())) for g, o in zip(new, old) if isinstance(g, Geometry) and isinstance(o, torch.Tensor)]
 
 
-class Replay:
+class ViewValues:
     """The values of ``graph``'s nodes when each runs ``op_of(node)``: view copies that became views
-    replayed on their bases, and every view re-linked to its base's memory."""
+    recomputed on their bases, and every view re-linked to its base's memory."""
 
-    def __init__(self, op_of: Callable[[Node], Any], is_replayed: Callable[[Node], bool]):
+    def __init__(self, op_of: Callable[[Node], Any], is_recomputed: Callable[[Node], bool]):
         self.op_of = op_of
-        self.is_replayed = is_replayed
-        """Whether a node's value is replayed rather than read from its metadata (a view, a converted copy)."""
-        self._geometries: dict[Node, Layout] = {}
+        self.is_recomputed = is_recomputed
+        """Whether a node's value is recomputed rather than read from its metadata (a view, a converted copy)."""
+        self._geometries: dict[Node, Geometries] = {}
         self._values: dict[Node, Any] = {}
         self._by_arithmetic: set[Node] = set()
         """Nodes whose geometry stride arithmetic gave: their value is one ``as_strided`` of their memory."""
@@ -87,30 +87,30 @@ class Replay:
         self._memories: dict[Node, Node] = {}
         """For each view in ``_by_arithmetic``, the node whose memory it views (``_memory_of``)."""
 
-    def set(self, node: Node, geometry: Layout) -> None:
+    def set(self, node: Node, geometry: Geometries) -> None:
         """Record a node's geometry decided elsewhere (a conversion just planned)."""
         self._geometries[node] = geometry
         self._values.pop(node, None)
         self._by_arithmetic.discard(node)
 
-    def geometry(self, node: Node) -> Layout:
+    def geometry(self, node: Node) -> Geometries:
         return _resolved(node, self._geometries, self._geometry_sources, self._geometry)
 
     def _geometry_sources(self, node: Node) -> list[Node]:
         if node.op != "call_function" or not node.args or not isinstance(node.args[0], Node):
             return []
         if node.target is operator.getitem:
-            return [node.args[0]] if self.is_replayed(node.args[0]) else []
-        return [node.args[0]] if self.is_replayed(node) else []
+            return [node.args[0]] if self.is_recomputed(node.args[0]) else []
+        return [node.args[0]] if self.is_recomputed(node) else []
 
-    def _geometry(self, node: Node) -> Layout:
+    def _geometry(self, node: Node) -> Geometries:
         if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], Node):
             source = node.args[0]
-            if self.is_replayed(source):
+            if self.is_recomputed(source):
                 pieces = self.geometry(source)
                 if isinstance(pieces, list):
                     return pieces[node.args[1]]
-        elif node.op == "call_function" and self.is_replayed(node) and node.args and isinstance(node.args[0], Node):
+        elif node.op == "call_function" and self.is_recomputed(node) and node.args and isinstance(node.args[0], Node):
             base = self.geometry(node.args[0])
             if isinstance(base, Geometry) and base.static:
                 op = aten_op(self.op_of(node))
@@ -124,7 +124,7 @@ class Replay:
         return _geometry_of(node.meta.get("val"))
 
     def value(self, node: Node) -> Any:
-        """The fake tensor ``node`` holds (views replayed on their bases)."""
+        """The fake tensor ``node`` holds (views recomputed on their bases)."""
         return _resolved(node, self._values, self._value_sources, self._value)
 
     def _value_sources(self, node: Node) -> list[Node]:
@@ -134,12 +134,12 @@ class Replay:
         if memory is not None:
             return [memory]
         if node.target is operator.getitem and isinstance(node.args[0], Node):
-            return [node.args[0]] if self.is_replayed(node.args[0]) else []
-        return list(node.all_input_nodes) if self.is_replayed(node) else []
+            return [node.args[0]] if self.is_recomputed(node.args[0]) else []
+        return list(node.all_input_nodes) if self.is_recomputed(node) else []
 
     def _memory_of(self, node: Node) -> Optional[Node]:
         """For a view whose geometry stride arithmetic gave, the node whose memory it views (the first of
-        its chain that is not a replayed view): its value is then one ``as_strided`` of that node's,
+        its chain that is not a recomputed view): its value is then one ``as_strided`` of that node's,
         with no dispatch per view of the chain (8,000 chained views dispatched 16,000 times)."""
         if node.target is operator.getitem or not self._viewed_by_arithmetic(node):
             return None
@@ -157,7 +157,7 @@ class Replay:
         return memory
 
     def _viewed_by_arithmetic(self, node: Node) -> bool:
-        if node in self._dispatched or not self.is_replayed(node) or not node.args or not isinstance(node.args[0], Node):
+        if node in self._dispatched or not self.is_recomputed(node) or not node.args or not isinstance(node.args[0], Node):
             return False
         geometry = self.geometry(node)
         return node in self._by_arithmetic and isinstance(geometry, Geometry) and geometry.static
@@ -173,8 +173,8 @@ class Replay:
                 return viewed
         if node.target is operator.getitem and isinstance(node.args[0], Node):
             source = node.args[0]
-            return self.value(source)[node.args[1]] if self.is_replayed(source) else original
-        if not self.is_replayed(node):
+            return self.value(source)[node.args[1]] if self.is_recomputed(source) else original
+        if not self.is_recomputed(node):
             return original
         return call_on_fake_values(aten_op(self.op_of(node)), node, self.value)
 
@@ -207,7 +207,7 @@ def _resolved(node: Node, cache: dict, sources: Callable[[Node], list[Node]], co
     return cache[node]
 
 
-def _geometry_of(value: Any) -> Layout:
+def _geometry_of(value: Any) -> Geometries:
     if isinstance(value, torch.Tensor):
         return Geometry.of(value)
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
@@ -215,7 +215,7 @@ def _geometry_of(value: Any) -> Layout:
     return None
 
 
-def view_geometry(op: Any, base: Geometry, args: tuple, kwargs: dict) -> Layout:
+def view_geometry(op: Any, base: Geometry, args: tuple, kwargs: dict) -> Geometries:
     """The geometry ``op`` (a view op) gives a view of ``base``, by stride arithmetic; ``None`` when it
     cannot tell (an op it does not know, a shape it cannot resolve), and the caller dispatches instead."""
     if not isinstance(op, torch._ops.OpOverload) or kwargs or any(isinstance(a, Node) for a in args):
@@ -426,7 +426,7 @@ def _alias(base: Geometry) -> Geometry:
     return base
 
 
-_RULES: dict[torch._ops.OpOverloadPacket, Callable[..., Layout]] = {
+_RULES: dict[torch._ops.OpOverloadPacket, Callable[..., Geometries]] = {
     aten.slice: _slice,
     aten.select: _select,
     aten.narrow: _narrow,

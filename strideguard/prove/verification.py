@@ -1,8 +1,9 @@
 """Compile with AOTInductor, run, and measure what comes back.
 
-The proof that an output comes back dense is to compile the program, run it,
-and look at the tensors: their strides, what memory they share, and their
-values against the same program run eagerly.
+Verification, as distinct from the fix-time proof (``prove.proof``: Inductor's
+lowering of the fixed program): compile the program, run it, and look at the
+tensors, their strides, what memory they share, and their values against the
+same program run eagerly.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def expectations(program: ExportedProgram, compiled_program: ExportedProgram) ->
     """Targets from ``program`` (an Edge program's promised dim orders); predictions and lowering of the
     ATen program AOTInductor compiles for it."""
     target = target_for(compiled_program, None, None, "verify")
-    predicted = [fact.layout for fact in program_plan(compiled_program, EXECUTORCH, target=target).outputs]
+    predicted = [fact.reported for fact in program_plan(compiled_program, EXECUTORCH, target=target).outputs]
     lowering = lower_outputs(compiled_program)
     return Expectations(
         target_orders=target_dim_orders(program),
@@ -275,21 +276,26 @@ def _against_reference(checks: tuple, got: Any, wanted: Any, tolerance: Optional
         if not isinstance(value, torch.Tensor) or not isinstance(reference, torch.Tensor):
             measured.append(check)
             continue
-        same = value.shape == reference.shape and value.dtype == reference.dtype
-        error = _max_difference(value, reference) if same and value.numel() else 0.0
-        if same and tolerance is not None and (value.is_floating_point() or value.is_complex()):
-            same = torch.allclose(value, reference, rtol=tolerance[0], atol=tolerance[1], equal_nan=True)
-        elif same:
-            same = torch.equal(value, reference) or (value.is_floating_point() and torch.equal(value.isnan(), reference.isnan())
-                                                     and torch.equal(value.nan_to_num(), reference.nan_to_num()))
-        measured.append(replace(check, reference_error=error, match=check.match and bool(same)))
+        comparable = value.shape == reference.shape and value.dtype == reference.dtype
+        error = largest_difference(value, reference) if comparable else 0.0
+        same = _values_match(value, reference, tolerance)
+        measured.append(replace(check, reference_error=error, match=check.match and same))
     return tuple(measured)
 
 
-def _max_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
+def largest_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest ``|value - reference|`` over the elements, by the one NaN rule of every comparison
+    strideguard makes: a NaN equals a NaN (difference 0), an infinity equals itself (0) and nothing else
+    (infinite), and a NaN against a number is infinitely far from it. In float64 (complex128), so that a
+    narrower dtype's difference is not rounded again; 0 for an empty tensor."""
+    if not value.numel():
+        return 0.0
     wide = torch.complex128 if value.is_complex() else torch.float64
-    difference = (value.to(wide) - reference.to(value.device, wide)).abs()
-    return float(difference.nan_to_num(nan=0.0).max()) if difference.numel() else 0.0
+    value, reference = value.to(wide), reference.to(value.device, wide)
+    difference = (value - reference).abs()
+    same = (value == reference) | (value.isnan() & reference.isnan())
+    difference = torch.where(same, torch.zeros_like(difference), difference.nan_to_num(nan=float("inf"), posinf=float("inf")))
+    return float(difference.max())
 
 
 def _symbol_values(program: ExportedProgram, args: tuple, kwargs: dict) -> dict:
@@ -404,9 +410,8 @@ def _check_one(
         tolerance = None
     error = 0.0
     comparable = value.shape == reference.shape and value.dtype == reference.dtype
-    if comparable and value.numel() and not torch.equal(value, reference):
-        wide = torch.complex128 if value.is_complex() else torch.float64
-        error = float((value.to(wide) - reference.to(wide)).abs().nan_to_num(nan=float("inf")).max())
+    if comparable and not torch.equal(value, reference):
+        error = largest_difference(value, reference)
     match = _values_match(value, reference, tolerance)
     order = target_order if target_order is not None else density.identity_order(value.dim())
     return OutputCheck(
@@ -435,7 +440,8 @@ def _check_one(
 
 def _values_match(value: torch.Tensor, reference: torch.Tensor, tolerance: Optional[tuple[float, float]]) -> bool:
     """Whether ``value`` equals ``reference`` (same shape and dtype): within ``(rtol, atol)`` for floating and
-    complex values, NaN equal to NaN; exactly when ``tolerance`` is ``None`` or the dtype is not floating.
+    complex values, exactly when ``tolerance`` is ``None`` or the dtype is not floating; in every case by the
+    NaN rule of ``largest_difference`` (a NaN equals a NaN, an infinity only itself).
 
     The comparison runs in float64 (complex128), where the difference of two values of a narrower dtype and
     the allowance ``atol + rtol * |reference|`` are exact or nearly so: in bfloat16 they would be rounded again.
@@ -443,8 +449,10 @@ def _values_match(value: torch.Tensor, reference: torch.Tensor, tolerance: Optio
     if value.shape != reference.shape or value.dtype != reference.dtype:
         return False
     reference = reference.to(value.device)
-    if tolerance is None or not (value.is_floating_point() or value.is_complex()):
+    if not (value.is_floating_point() or value.is_complex()):
         return bool(torch.equal(value, reference))
+    if tolerance is None:
+        return largest_difference(value, reference) == 0.0
     if not value.numel():
         return True
     wide = torch.complex128 if value.is_complex() else torch.float64

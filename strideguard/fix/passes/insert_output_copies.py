@@ -31,7 +31,7 @@ def insert_output_copies(
     for fact in facts:
         if fact.copied:
             copy = insert_copy(
-                graph, returned[fact.output.position], dialect, fact.target_order, value, serves=fact.layout.name
+                graph, returned[fact.output.position], dialect, fact.target_order, value, serves=fact.reported.name
             )
             returned[fact.output.position] = copy
             inserted.append(copy)

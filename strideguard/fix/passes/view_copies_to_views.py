@@ -17,7 +17,7 @@ def convert_views(conversion: ViewConversion, *, update_values: bool = True) -> 
 
     ``update_values=False`` leaves each converted node the value of the copy
     it was, as ExecuTorch's own pass does inside ``preprocess``, where
-    Inductor traces the graph again; replaying every view costs more than the
+    Inductor traces the graph again; recomputing every view costs more than the
     rest of the pass.
     """
     for node, view_op in conversion.targets.items():

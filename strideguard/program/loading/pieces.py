@@ -3,7 +3,7 @@
 A node's outputs list its pieces, and the file pays for each one it lists.
 What the operator makes is another matter: ``unbind`` of a weight declared
 ``[2**40, 16]`` with strides ``[0, 1]`` (64 stored bytes) makes 2**40 pieces,
-and every later step that runs it (FakeTensor propagation, the view replay,
+and every later step that runs it (FakeTensor propagation, the view values,
 Inductor's lowering) would build them all. So each such node is checked
 here, from its arguments and its input's declared sizes, before torch reads
 the file: the count it declares must be the count the operator makes. Then

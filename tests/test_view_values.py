@@ -1,4 +1,4 @@
-"""The replay's stride arithmetic agrees with torch's own view ops, on every geometry hypothesis can find.
+"""the view values's stride arithmetic agrees with torch's own view ops, on every geometry hypothesis can find.
 
 Planning a conversion reads views' geometries from arithmetic, not from
 dispatched fake tensors; a view torch would lay out otherwise would be a
@@ -93,7 +93,7 @@ def test_view_geometry_is_torchs(data):
         return  # not a view torch takes: a traced graph never holds it
     found = view_geometry(op, Geometry.of(base), args, {})
     if found is None:
-        return  # the replay dispatches instead; never wrong, only slower
+        return  # the view values dispatches instead; never wrong, only slower
     expected_list = list(expected) if isinstance(expected, (list, tuple)) else [expected]
     found_list = found if isinstance(found, list) else [found]
     assert len(found_list) == len(expected_list)
@@ -125,13 +125,13 @@ def test_a_view_of_a_size_one_dimension_with_another_stride_is_torchs():
     )
 
 
-def test_a_chain_of_views_is_replayed_without_a_dispatch_per_view(monkeypatch):
+def test_a_chain_of_views_is_recomputed_without_a_dispatch_per_view(monkeypatch):
     """A returned view at the end of 2,000 chained views: its value is one ``as_strided`` of the memory it
     views, with the geometry torch gives, and no view of the chain is dispatched (each dispatched view of a
     fake tensor held the chain of view functions before it: quadratic memory)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from strideguard.program import view_values as replay_module
+    from strideguard.program import view_values as view_values_module
     from strideguard.program.ops import is_view_op
 
     graph = torch.fx.Graph()
@@ -147,10 +147,10 @@ def test_a_chain_of_views_is_replayed_without_a_dispatch_per_view(monkeypatch):
         eager = op(eager, *args)
     graph.output(node)
     dispatched = []
-    real = replay_module.call_on_fake_values
-    monkeypatch.setattr(replay_module, "call_on_fake_values", lambda *a: dispatched.append(a) or real(*a))
-    replayed = replay_module.Replay(lambda n: n.target, lambda n: n.op == "call_function" and is_view_op(n.target))
-    result = replayed.value(node)
+    real = view_values_module.call_on_fake_values
+    monkeypatch.setattr(view_values_module, "call_on_fake_values", lambda *a: dispatched.append(a) or real(*a))
+    recomputed = view_values_module.ViewValues(lambda n: n.target, lambda n: n.op == "call_function" and is_view_op(n.target))
+    result = recomputed.value(node)
     assert dispatched == []
     assert (tuple(result.shape), result.stride(), result.storage_offset()) == (
         tuple(eager.shape), eager.stride(), eager.storage_offset()
