@@ -22,9 +22,8 @@ from strideguard import LayoutNotReached
 from strideguard.program import density
 from strideguard.program.promises import target_dim_orders
 from strideguard.compiler.lowering import LoweringUnavailable, lower_edge_outputs, lower_outputs
-from strideguard.fix.passes import insert_output_copies
-from strideguard.program.copies import CopyForm
-from strideguard.program.copies import copy_form_of
+from strideguard.program import copies
+from strideguard.program.copies import CopyForm, copy_form_of
 from strideguard.program.exported import output_values
 from strideguard.prove.proof import PROOF_KEY
 
@@ -254,7 +253,7 @@ def test_closed_loop_repairs_a_copy_inductor_dropped(monkeypatch):
     """Force the plain clone (which Inductor drops here): the loop sees the output still strided, replaces
     the copy with the form that holds, lowers again and proves it; the compiled program agrees."""
     program = _logical_not_program()
-    monkeypatch.setattr(insert_output_copies, "copy_form_for", lambda *args, **kwargs: CopyForm.CLONE)
+    monkeypatch.setattr(copies, "copy_form_for", lambda *args, **kwargs: CopyForm.CLONE)
     fixed = strideguard.densify_outputs(program, exact=True)
     proof = fixed.graph_module.meta[PROOF_KEY]
     assert proof.rounds == 2 and proof.strengthened == (0,)

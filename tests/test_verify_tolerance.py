@@ -16,6 +16,7 @@ import strideguard
 from strideguard.program.exported import UserOutput
 from strideguard.prove.verification import (
     EAGER_TOLERANCES,
+    OutputExpectation,
     _against_reference,
     _check_one,
     _computed_on_the_way,
@@ -158,8 +159,7 @@ def test_integers_and_bool_are_exact(dtype):
     value = torch.tensor([1, 0, 0, 1]).to(dtype)
     assert _values_match(reference.clone(), reference, (1.0, 10.0))
     assert not _values_match(value, reference, (1.0, 10.0)), "no tolerance reaches an integer"
-    check = _check_one(_output("argmax"), value, reference, {}, {}, target_order=None, predicted=None, lowered=None,
-                       tolerance=(1.0, 10.0))
+    check = _check_one(_output("argmax"), value, reference, {}, {}, OutputExpectation(tolerance=(1.0, 10.0)))
     assert check.match is False and check.eager_tolerance is None
 
 
@@ -223,12 +223,10 @@ def _output(name: str, index: int = 0) -> UserOutput:
 def test_the_report_says_which_tolerance_was_applied():
     reference = magnitudes(torch.bfloat16)
     tolerance = _output_tolerance(torch.bfloat16)
-    check = _check_one(_output("out"), next_up(reference), reference, {}, {}, target_order=None, predicted=None,
-                       lowered=None, tolerance=tolerance)
+    check = _check_one(_output("out"), next_up(reference), reference, {}, {}, OutputExpectation(tolerance=tolerance))
     assert check.match and check.eager_tolerance == tolerance and check.max_abs_error == 8.0  # one ulp at 1232
     assert check.to_dict()["eager_tolerance"] == list(tolerance)
-    wrong = _check_one(_output("out"), reference * 1.1, reference, {}, {}, target_order=None, predicted=None,
-                       lowered=None, tolerance=tolerance)
+    wrong = _check_one(_output("out"), reference * 1.1, reference, {}, {}, OutputExpectation(tolerance=tolerance))
     assert not wrong.match and not wrong.ok
     text = str(strideguard.VerifyReport(device="cpu", compile_seconds=0.0, outputs=(wrong,)))
     assert "MISMATCH (rtol 0.016, atol 0.016)" in text, text

@@ -98,50 +98,65 @@ def compiled_layout(
     compute is left to Inductor, which may compute just the viewed elements
     afresh, densely, or lay the base out otherwise than traced.
     """
-    values, op_of, returned, relaid = compilation.values, compilation.op_of, compilation.returned, compilation.relaid
     sealed = _sealed_view_copy(tensor, chain, base, compilation)
     if sealed is not None and (base.op != "placeholder" or base_role is None or base_role.kind is AliasKind.INPUT
-                               or inductor.weight_lowering(values(base)) is inductor.WeightLowering.CONSTANT):
+                               or inductor.weight_lowering(compilation.values(base)) is inductor.WeightLowering.CONSTANT):
         return sealed
     if base.op == "placeholder":
-        # A size-one dimension's stride is "insignificant" to Inductor: it may re-stride a view that has one
-        # (found by ``make fuzz``: a ``[1, 1]`` narrow of a diagonal of an input, traced (36, 17), comes back
-        # (1, 1)), or realize the view afresh.
-        viewed = tuple(tensor.stride())
-        restrided = chain and density.has_size_one_dim(tensor.shape)
-        fresh = tuple(density.strides_for_order(tensor.shape, density.identity_order(tensor.dim())))
-        if base_role is None or base_role.kind is AliasKind.INPUT:
-            if not restrided or density.same_sizes(viewed, fresh):
-                return Settled(viewed)
-            return LeftToInductor(
-                viewed,
-                why="a view of an input with a size-one dimension, whose stride Inductor may re-stride",
-                alternatives=(fresh,),
-            )
-        lowering = inductor.weight_lowering(values(base))
-        if lowering is inductor.WeightLowering.CONSTANT and not _overlapping(tensor):
-            # The wrapper clones a view of a constant it can see as one, unless it re-strides it first.
-            copied = density.preserve_format_strides(tensor)
-            if not restrided:
-                return Settled(copied, note="AOTInductor returns a copy of a weight's view")
-            alternatives = tuple(c for c in (viewed, fresh) if not density.same_sizes(c, copied))
-            if not alternatives:
-                return Settled(copied, note="AOTInductor returns a copy of a weight's view")
-            return LeftToInductor(
-                copied,
-                why="AOTInductor returns a copy of this view of a weight, the view itself re-strided for "
-                "its size-one dimensions, or the view realized afresh",
-                alternatives=alternatives,
-            )
-        how = {
-            inductor.WeightLowering.SCALAR: "folds this 0-dim weight into its code",
-            inductor.WeightLowering.INLINED: "inlines this small weight as computed values",
-            inductor.WeightLowering.CONSTANT: "decides how to return an expand of a weight",
-        }[lowering]
-        return LeftToInductor(tuple(tensor.stride()), why=f"Inductor {how}")
+        return _of_an_input_or_weight(tensor, chain, base, base_role, compilation)
     if base.op != "call_function":
         return LeftToInductor(tuple(tensor.stride()), why=f"a {base.op} node")
-    if base in relaid:
+    return _of_compute(tensor, chain, base, compilation)
+
+
+def _of_an_input_or_weight(
+    tensor: torch.Tensor, chain: list[Node], base: Node, base_role: Optional[Alias], compilation: Compilation
+) -> CompiledLayout:
+    """A user output that is a view chain over an input or a weight: the input's strides as viewed, or what
+    AOTInductor's wrapper makes of a weight (a clone, a folded scalar, inlined values)."""
+    values = compilation.values
+    # A size-one dimension's stride is "insignificant" to Inductor: it may re-stride a view that has one
+    # (found by ``make fuzz``: a ``[1, 1]`` narrow of a diagonal of an input, traced (36, 17), comes back
+    # (1, 1)), or realize the view afresh.
+    viewed = tuple(tensor.stride())
+    restrided = chain and density.has_size_one_dim(tensor.shape)
+    fresh = tuple(density.strides_for_order(tensor.shape, density.identity_order(tensor.dim())))
+    if base_role is None or base_role.kind is AliasKind.INPUT:
+        if not restrided or density.same_sizes(viewed, fresh):
+            return Settled(viewed)
+        return LeftToInductor(
+            viewed,
+            why="a view of an input with a size-one dimension, whose stride Inductor may re-stride",
+            alternatives=(fresh,),
+        )
+    lowering = inductor.weight_lowering(values(base))
+    if lowering is inductor.WeightLowering.CONSTANT and not _overlapping(tensor):
+        # The wrapper clones a view of a constant it can see as one, unless it re-strides it first.
+        copied = density.preserve_format_strides(tensor)
+        if not restrided:
+            return Settled(copied, note="AOTInductor returns a copy of a weight's view")
+        alternatives = tuple(c for c in (viewed, fresh) if not density.same_sizes(c, copied))
+        if not alternatives:
+            return Settled(copied, note="AOTInductor returns a copy of a weight's view")
+        return LeftToInductor(
+            copied,
+            why="AOTInductor returns a copy of this view of a weight, the view itself re-strided for "
+            "its size-one dimensions, or the view realized afresh",
+            alternatives=alternatives,
+        )
+    how = {
+        inductor.WeightLowering.SCALAR: "folds this 0-dim weight into its code",
+        inductor.WeightLowering.INLINED: "inlines this small weight as computed values",
+        inductor.WeightLowering.CONSTANT: "decides how to return an expand of a weight",
+    }[lowering]
+    return LeftToInductor(tuple(tensor.stride()), why=f"Inductor {how}")
+
+
+def _of_compute(tensor: torch.Tensor, chain: list[Node], base: Node, compilation: Compilation) -> CompiledLayout:
+    """A user output that is computed, or a view chain over computed memory: the strides Inductor's
+    decomposition gives the base, the chain taken over them, unless Inductor may lay the base out afresh."""
+    values, op_of, returned = compilation.values, compilation.op_of, compilation.returned
+    if base in compilation.relaid:
         name = op_name(op_of(base)) or getattr(base.target, "__name__", str(base.target))
         return LeftToInductor(
             tuple(tensor.stride()),
@@ -176,6 +191,17 @@ def compiled_layout(
             )
     if not chain:
         return Settled(base_strides)
+    return _of_a_view_of_compute(tensor, chain, base, base_strides, decomposition, compilation)
+
+
+def _of_a_view_of_compute(
+    tensor: torch.Tensor, chain: list[Node], base: Node, base_strides: tuple,
+    decomposition: Optional[inductor.Decomposed], compilation: Compilation,
+) -> CompiledLayout:
+    """A view chain over computed memory laid out in ``base_strides``: settled where Inductor writes the base
+    before any view is taken (an extern kernel's output, a returned node), else left to Inductor, which may
+    compute the viewed elements afresh or realize the base in a layout of its own."""
+    values, op_of, returned = compilation.values, compilation.op_of, compilation.returned
     strides = tuple(tensor.stride())
     if not density.same_sizes(base_strides, values(base).stride()):
         recomputed = _recomputed_over(chain, base, _restrided(values(base), base_strides), values, op_of)

@@ -123,24 +123,20 @@ class ViewConversion:
     policy: ConversionPolicy
     targets: dict[Node, Any] = field(default_factory=dict)
     later: dict[Node, Any] = field(default_factory=dict)
-    view_values: ViewValues = field(init=False)
+    view_values: ViewValues = field(init=False, repr=False, compare=False)
+    op_of: Callable[[Node], Any] = field(init=False, repr=False, compare=False)
+    """The op ``node`` runs once compiled (``ViewValues.op_of``)."""
+    converts: Callable[[Node], bool] = field(init=False, repr=False, compare=False)
+    value: Callable[[Node], Any] = field(init=False, repr=False, compare=False)
+    """The fake tensor ``node`` holds once compiled (views recomputed on their bases)."""
+    geometry: Callable[[Node], Geometries] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self.view_values = ViewValues(self.op_of, lambda node: self.converts(node) or is_view_op(node.target))
-
-    def op_of(self, node: Node) -> Any:
-        """The op ``node`` runs once compiled."""
-        return self.targets.get(node) or self.later.get(node) or node.target
-
-    def converts(self, node: Node) -> bool:
-        return node in self.targets or node in self.later
-
-    def value(self, node: Node) -> Any:
-        """The fake tensor ``node`` holds once compiled (views recomputed on their bases)."""
-        return self.view_values.value(node)
-
-    def geometry(self, node: Node) -> Geometries:
-        return self.view_values.geometry(node)
+        # The view values' own methods, handed on as they are: what reads them (the compiled layouts, the
+        # relayout) calls down into the program stage, never back up into this plan.
+        self.view_values = ViewValues((self.targets, self.later))
+        self.op_of, self.converts = self.view_values.op_of, self.view_values.converts
+        self.value, self.geometry = self.view_values.value, self.view_values.geometry
 
     def relaid(self) -> RelaidNodes:
         """Compute nodes whose traced layout Inductor's trace may change, and so what reads them

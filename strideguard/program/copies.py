@@ -121,14 +121,26 @@ def copy_form_for(source_value: Any, dialect: Dialect) -> CopyForm:
     return CopyForm.CLONE
 
 
-def _new_node(
-    graph, after: Node, target: Any, args: tuple, kwargs: dict, origin: Node, value, form: CopyForm, name: Optional[str],
-    elementwise: bool = False, dense_strides: Optional[tuple] = None,
-) -> Node:
+def _new_node(graph, after: Node, call: tuple[Any, tuple, dict], origin: Node, form: CopyForm, name: Optional[str]) -> Node:
+    """One node of a copy right after ``after``, running ``call`` (target, arguments, keyword arguments), with
+    the stack trace, module stack and custom metadata of ``origin`` (the node the copy serves) and its form."""
+    target, args, kwargs = call
     with graph.inserting_after(after):
         # named as created: renamed after, the graph's namespace is asked twice (a tenth of a copy's cost)
         node = graph.create_node("call_function", target, args, kwargs, name=name)
     node.meta.update({key: origin.meta[key] for key in _INHERITED_META if key in origin.meta})
+    # A new dict (the original's is shared with the caller's program); what the user asked of the output the
+    # origin is returned as is said again on the copy that now serves it (``record_requested_layouts``).
+    inherited = {key: item for key, item in origin.meta.get("custom", {}).items() if key != LAYOUT_TAG}
+    node.meta["custom"] = {**inherited, COPY_TAG: form.value}
+    return node
+
+
+def _give_value(node: Node, origin: Node, value: Callable[[Node], Any], dense_strides: Optional[tuple], elementwise: bool) -> None:
+    """The copy node's fake value (and ``tensor_meta`` where the graph carries those): an involution's is a
+    fresh tensor like its input's, a copy's with known dense strides a fresh one with those, any other the
+    op run on its input's value."""
+    after = node.args[0]
     if elementwise:
         node.meta["val"] = fresh_like(after.meta["val"])
         if "tensor_meta" in after.meta and "tensor_meta" in origin.meta:  # the same shape, strides and dtype
@@ -136,15 +148,10 @@ def _new_node(
     elif dense_strides is not None:
         node.meta["val"] = fresh_strided(after.meta["val"], tuple(after.meta["val"].shape), dense_strides)
     else:
-        op, op_kwargs = value_call(target, kwargs)
+        op, op_kwargs = value_call(node.target, node.kwargs)
         node.meta["val"] = call_on_fake_values(op, node, value, op_kwargs)
     if "tensor_meta" in origin.meta and "tensor_meta" not in node.meta:
         node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
-    # A new dict (the original's is shared with the caller's program); what the user asked of the output the
-    # origin is returned as is said again on the copy that now serves it (``record_requested_layouts``).
-    inherited = {key: item for key, item in origin.meta.get("custom", {}).items() if key != LAYOUT_TAG}
-    node.meta["custom"] = {**inherited, COPY_TAG: form.value}
-    return node
 
 
 def _has_elements(shape: tuple) -> bool:
@@ -196,8 +203,7 @@ def insert_copy(
     for step, (op, args, op_kwargs) in enumerate(steps):
         name = None if stem is None else f"{stem}_dense" if step == len(steps) - 1 else f"{stem}_copy"
         # the copy's and the involutions' values are fresh dense tensors whose strides are known: no dispatch
-        last = _new_node(
-            graph, last, op, (last, *args), op_kwargs, source, value, form, name, elementwise=op is involution,
-            dense_strides=copied_strides if op is target and _has_elements(shape) else None,
-        )
+        last = _new_node(graph, last, (op, (last, *args), op_kwargs), source, form, name)
+        dense_strides = copied_strides if op is target and _has_elements(shape) else None
+        _give_value(last, source, value, dense_strides, elementwise=op is involution)
     return last

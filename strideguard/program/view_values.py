@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch.fx import Node
 
 from .dialect import aten_op
 from .fake_values import call_on_fake_values, storage_key, view_of_memory
+from .ops import is_view_op
 
 aten = torch.ops.aten
 
@@ -71,13 +72,16 @@ def beside_traced(geometry: Geometries, traced: Any) -> list[tuple[Geometry, tup
 
 
 class ViewValues:
-    """The values of ``graph``'s nodes when each runs ``op_of(node)``: view copies that became views
-    recomputed on their bases, and every view re-linked to its base's memory."""
+    """The values of a graph's nodes when each runs ``op_of(node)``: view copies that became views
+    recomputed on their bases, and every view re-linked to its base's memory.
 
-    def __init__(self, op_of: Callable[[Node], Any], is_recomputed: Callable[[Node], bool]):
-        self.op_of = op_of
-        self.is_recomputed = is_recomputed
-        """Whether a node's value is recomputed rather than read from its metadata (a view, a converted copy)."""
+    ``conversions`` map the view copies that become views to their view ops (those strideguard converts, then
+    those the backend's own pass converts); they are read as they grow, so a planner can add to them as it
+    decides. The data is handed down, not a callback up: everything the values need is here.
+    """
+
+    def __init__(self, conversions: Sequence[Mapping[Node, Any]] = ()):
+        self.conversions = tuple(conversions)
         self._geometries: dict[Node, Geometries] = {}
         self._values: dict[Node, Any] = {}
         self._by_arithmetic: set[Node] = set()
@@ -86,6 +90,21 @@ class ViewValues:
         """Nodes whose geometry needed their value (so their value cannot come from their geometry)."""
         self._memories: dict[Node, Node] = {}
         """For each view in ``_by_arithmetic``, the node whose memory it views (``_memory_of``)."""
+
+    def op_of(self, node: Node) -> Any:
+        """The op ``node`` runs once compiled: its view op where it is converted, else its own target."""
+        for converted in self.conversions:
+            op = converted.get(node)
+            if op:
+                return op
+        return node.target
+
+    def converts(self, node: Node) -> bool:
+        return any(node in converted for converted in self.conversions)
+
+    def is_recomputed(self, node: Node) -> bool:
+        """Whether a node's value is recomputed rather than read from its metadata (a view, a converted copy)."""
+        return self.converts(node) or is_view_op(node.target)
 
     def set(self, node: Node, geometry: Geometries) -> None:
         """Record a node's geometry decided elsewhere (a conversion just planned)."""

@@ -366,16 +366,15 @@ def _check_outputs(
     returned = output_values(program.graph)
     lines = [source_line(returned[out.position]) for out in specs]
     return tuple(
-        _check_one(
-            out, value, reference, input_storages, output_storages, name=output_name[out.index], kept=out.index in kept,
-            line=lines[out.index],
+        _check_one(out, value, reference, input_storages, output_storages, OutputExpectation(
+            name=output_name[out.index], kept=out.index in kept, line=lines[out.index],
             target_order=expected.target_orders[out.index] if out.index < len(expected.target_orders) else None,
             predicted=at(expected.predicted, out.index),
             lowered=at(expected.lowered, out.index),
             tolerance=_output_tolerance(
                 reference.dtype, computed[out.index] if out.index < len(computed) else (), table
             ) if isinstance(reference, torch.Tensor) else None,
-        )
+        ))
         for out, value, reference in zip(specs, got_leaves, expected_leaves)
     )
 
@@ -383,15 +382,30 @@ def _check_outputs(
 _NON_TENSOR_KINDS = {type(None): OutputKind.NONE, bool: OutputKind.BOOL, int: OutputKind.INT, float: OutputKind.FLOAT}
 
 
-def _check_one(
-    out, value, reference, input_storages, output_storages, *, target_order, predicted, lowered, name=None,
-    tolerance: Optional[tuple[float, float]] = None, kept: bool = False, line: Optional[str] = None,
-) -> OutputCheck:
-    """One output measured. ``tolerance`` is the ``(rtol, atol)`` its floating values must equal eager's within
-    (``None``: exactly); an integer or ``bool`` output is compared exactly whatever it is. ``kept``: the user
-    asked for it as the compiler lays it out."""
+@dataclass(frozen=True)
+class OutputExpectation:
+    """What one output is measured against, besides its eager value."""
+
+    target_order: Optional[tuple] = None
+    predicted: Optional[tuple] = None
+    """The strides ``inspect`` predicted, at the run's sizes."""
+    lowered: Optional[tuple] = None
+    """The strides Inductor's lowering gave, at the run's sizes."""
+    tolerance: Optional[tuple[float, float]] = None
+    """The ``(rtol, atol)`` its floating values must equal eager's within (``None``: exactly); an integer or
+    ``bool`` output is compared exactly whatever it is."""
+    name: Optional[str] = None
+    kept: bool = False
+    """The user asked for it as the compiler lays it out."""
+    line: Optional[str] = None
+
+
+def _check_one(out, value, reference, input_storages, output_storages, expected: OutputExpectation) -> OutputCheck:
+    """One output measured against ``expected``."""
+    target_order, predicted, lowered = expected.target_order, expected.predicted, expected.lowered
+    tolerance, kept, line = expected.tolerance, expected.kept, expected.line
     node = getattr(out.spec.arg, "name", None) or None
-    name = name or node
+    name = expected.name or node
     if not isinstance(reference, torch.Tensor):
         # AOTInductor hands back an int or float output as a 0-dim tensor.
         kind = _NON_TENSOR_KINDS.get(type(reference), OutputKind.OTHER)
