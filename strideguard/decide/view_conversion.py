@@ -134,7 +134,7 @@ class ViewConversion:
     def __post_init__(self):
         # The view values' own methods, handed on as they are: what reads them (the compiled layouts, the
         # relayout) calls down into the program stage, never back up into this plan.
-        self.view_values = ViewValues((self.targets, self.later))
+        self.view_values = ViewValues(self.targets, self.later)
         self.op_of, self.converts = self.view_values.op_of, self.view_values.converts
         self.value, self.geometry = self.view_values.value, self.view_values.geometry
 

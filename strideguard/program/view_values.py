@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import torch
 from torch.fx import Node
@@ -75,13 +75,14 @@ class ViewValues:
     """The values of a graph's nodes when each runs ``op_of(node)``: view copies that became views
     recomputed on their bases, and every view re-linked to its base's memory.
 
-    ``conversions`` map the view copies that become views to their view ops (those strideguard converts, then
-    those the backend's own pass converts); they are read as they grow, so a planner can add to them as it
-    decides. The data is handed down, not a callback up: everything the values need is here.
+    ``converted`` and ``later`` map the view copies that become views to their view ops (those strideguard
+    converts, those the backend's own pass converts); they are read as they grow, so a planner can add to them
+    as it decides. The data is handed down, not a callback up: everything the values need is here.
     """
 
-    def __init__(self, conversions: Sequence[Mapping[Node, Any]] = ()):
-        self.conversions = tuple(conversions)
+    def __init__(self, converted: Optional[Mapping[Node, Any]] = None, later: Optional[Mapping[Node, Any]] = None):
+        self.converted = converted if converted is not None else {}
+        self.later = later if later is not None else {}
         self._geometries: dict[Node, Geometries] = {}
         self._values: dict[Node, Any] = {}
         self._by_arithmetic: set[Node] = set()
@@ -93,14 +94,10 @@ class ViewValues:
 
     def op_of(self, node: Node) -> Any:
         """The op ``node`` runs once compiled: its view op where it is converted, else its own target."""
-        for converted in self.conversions:
-            op = converted.get(node)
-            if op:
-                return op
-        return node.target
+        return self.converted.get(node) or self.later.get(node) or node.target
 
     def converts(self, node: Node) -> bool:
-        return any(node in converted for converted in self.conversions)
+        return node in self.converted or node in self.later
 
     def is_recomputed(self, node: Node) -> bool:
         """Whether a node's value is recomputed rather than read from its metadata (a view, a converted copy)."""
