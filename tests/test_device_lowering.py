@@ -276,7 +276,6 @@ def test_a_program_on_cuda_tensors_is_lowered_for_cuda():
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from strideguard.compiler.backends import resolve_backend
     from strideguard.compiler.targets import target_for
 
     graph = torch.fx.Graph()

@@ -242,9 +242,8 @@ def test_an_output_promising_an_order_no_edge_copy_writes_is_copied_into_the_sam
     prepared.validate()
     copies = output_copies(prepared.graph)
     assert copies, "the second output shares the first one's memory: it needs a copy"
-    for copy in copies:
-        source = copied_source(copy)
-        assert source is not None
+    for inserted in copies:
+        assert copied_source(inserted) is not None
     orders = promised_orders(prepared)
     assert all(order == (0, 1, 2, 3) for order, node in zip(orders, prepared.graph.output_node().args[0]) if node in copies)
     with torch.no_grad():

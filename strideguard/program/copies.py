@@ -9,7 +9,8 @@ dim order (``_clone_dim_order`` in an Edge program in dim-order mode:
 for bit, applied twice: ``neg`` for floating and complex values,
 ``bitwise_not`` for integers and ``bool``. Nothing removes the pair;
 Inductor fuses clone and pair into one kernel that reads the source once and
-writes a fresh buffer in the traced (target) strides. A dtype with no
+writes a fresh buffer in the traced (target) strides; where Inductor drops the
+clone as a no-op, the pair alone writes that buffer. A dtype with no
 involution (float8) gets the ``clone`` alone (``CopyForm.CLONE``); where an
 ATen program has no op copying into the order, the source is permuted, copied
 contiguously and permuted back.
@@ -68,14 +69,9 @@ def output_copies(graph: torch.fx.Graph) -> list[Any]:
 
 
 def involution_call(dialect: Dialect, dtype: torch.dtype) -> Optional[Any]:
-    """An elementwise op that is its own inverse, bit for bit, on ``dtype``: applied twice it is a copy that
-    Inductor keeps (``neg`` for floating and complex types, ``bitwise_not`` for integers and bool).
-
-    Inductor's ``remove_noop_ops`` drops a ``clone`` (or ``_to_copy``, ``copy``) whose traced layout equals
-    its source's, even where Inductor then lays the source out otherwise, so a clone cannot force an
-    output's layout in that case. Nothing removes a pair of negations: Inductor fuses them into one
-    kernel that reads the source once and writes the output once, in the exact strides traced for it.
-    ``None`` for a dtype neither op takes.
+    """An elementwise op that is its own inverse, bit for bit, on ``dtype`` (``neg`` for floating and complex
+    types, ``bitwise_not`` for integers and bool): applied twice, the part of the copy Inductor keeps (why: the
+    module's docstring). ``None`` for a dtype neither op takes.
     """
     if dtype.is_floating_point or dtype.is_complex:
         if dtype.itemsize == 1:  # float8 types have no neg kernel
@@ -94,19 +90,12 @@ _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_f
 
 
 class CopyForm(str, Enum):
-    """How an output is copied; either form is one kernel once Inductor fuses it.
+    """How an output is copied; either form is one kernel once Inductor fuses it (the module's docstring
+    says why).
 
-    ``KEPT``, the default: a ``clone``/``_clone_dim_order`` into the target
-    order, then an involution applied twice (``neg`` for floating and complex
-    values, ``bitwise_not`` for integers and ``bool``: bit-exact). Inductor
-    keeps it whatever layout its own trace gives the source: a clone of a
-    source it traces in another layout is kept and dense; a clone of a
-    source traced in the target layout is dropped as a no-op by
-    ``remove_noop_ops`` (even where Inductor then realizes the source
-    otherwise), and the involutions, traced in the target layout, are
-    computed into a fresh dense buffer. ``CLONE`` alone is what a dtype with no
-    involution gets (float8), and what the closed loop replaces when it
-    does not hold.
+    ``KEPT``, the default: a ``clone``/``_clone_dim_order`` into the target order, then an involution applied
+    twice. ``CLONE`` alone: what a dtype with no involution gets (float8), and what the closed loop replaces
+    when it does not hold.
     """
 
     CLONE = "clone"
