@@ -35,10 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import strideguard  # noqa: E402
-from strideguard.program import density
-from strideguard.compiler.lowering import lower_outputs
-from strideguard.compiler.targets import CPU, Target
-from strideguard.prove.verification import compile_program
+from strideguard.program import density  # noqa: E402
+from strideguard.compiler.lowering import lower_outputs  # noqa: E402
+from strideguard.compiler.targets import CPU, Target  # noqa: E402
+from strideguard.prove.verification import compile_program  # noqa: E402
 from bench.aoti_loader import install_from_environment  # noqa: E402
 from bench.gpu_oracle import lower_on_this_torch  # noqa: E402
 from tests import generated  # noqa: E402

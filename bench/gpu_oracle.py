@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import strideguard  # noqa: E402
 from bench.aoti_loader import install_from_environment  # noqa: E402
-from strideguard.compiler import fake_device
-from strideguard.compiler.lowering import lower_outputs
-from strideguard.compiler.targets import Target
+from strideguard.compiler import fake_device  # noqa: E402
+from strideguard.compiler.lowering import lower_outputs  # noqa: E402
+from strideguard.compiler.targets import Target  # noqa: E402
 from tests.test_device_lowering import ExecuTorchSdpaCases, SdpaVariants, executorch_inputs, variant_inputs  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "gpu_oracle.json"

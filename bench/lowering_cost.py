@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import strideguard  # noqa: E402
-from strideguard.examples import export_policy
-from strideguard.compiler.lowering import lower_outputs
-from strideguard.prove.proof import PROOF_KEY
-from strideguard.compiler.targets import resolve_target
+from strideguard.examples import export_policy  # noqa: E402
+from strideguard.compiler.lowering import lower_outputs  # noqa: E402
+from strideguard.prove.proof import PROOF_KEY  # noqa: E402
+from strideguard.compiler.targets import resolve_target  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

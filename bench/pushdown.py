@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import strideguard  # noqa: E402
-from strideguard.examples import export_policy
-from strideguard.decide.pushdown import graph_flops
-from strideguard.fix.engine import Pushdowns, program_plan
-from strideguard.prove.verification import compile_program
+from strideguard.examples import export_policy  # noqa: E402
+from strideguard.decide.pushdown import graph_flops  # noqa: E402
+from strideguard.fix.engine import Pushdowns, program_plan  # noqa: E402
+from strideguard.prove.verification import compile_program  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

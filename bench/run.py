@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 import strideguard  # noqa: E402
 from bench.synthetic import export_blocks  # noqa: E402
-from strideguard.examples import export_policy
-from strideguard.prove.verification import compile_program
+from strideguard.examples import export_policy  # noqa: E402
+from strideguard.prove.verification import compile_program  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

@@ -282,7 +282,7 @@ def inspect_command(
 def _write_plot(loaded, report: LayoutReport, plot: str, program: Path, force: bool) -> None:
     """The picture goes through the same careful write as a fixed program: never over the input or another file."""
     try:
-        from .plot import plot_copies
+        from .plot import plot_copies  # matplotlib loads only when a picture is asked for
     except ModuleNotFoundError as missing:
         raise ProgramFileError(plot, f"--plot needs {missing.name}: pip install 'strideguard[plot]'") from None
 

@@ -131,3 +131,27 @@ def test_the_engine_is_what_applies_passes():
     users = {module for module in MODULES for source, _ in imports_of(module) if source.startswith("fix.passes")}
     assert ENGINE in users
     assert users <= {ENGINE} | {m for m in MODULES if m.startswith("fix.passes")}, sorted(users)
+
+
+COPIES = "program.copies"
+"""Where the copy strideguard inserts is built and recognised: everything else asks it."""
+
+
+def test_the_copy_is_built_and_recognised_in_one_place():
+    """No other module spells the copy's tag: each recognises a copy through ``copy_form_of`` (and its
+    neighbours), and only the fix stage builds one, through ``insert_copy``; so the copy cannot change in one
+    place and not another."""
+    import strideguard.program.copies as copies
+
+    spelling = sorted(
+        module for module, path in MODULES.items() if module != COPIES
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value == copies.COPY_TAG
+    )
+    assert not spelling, spelling
+    builders = {"COPY_TAG", "insert_copy", "involution_call", "copy_form_for"}
+    building = sorted(
+        module for module in MODULES
+        for source, name in imports_of(module) if source == COPIES and name in builders
+    )
+    assert building and all(stage_of(module) == "fix" for module in building), building

@@ -16,7 +16,7 @@ pytest.importorskip("executorch", reason="needs ExecuTorch: pip install '.[execu
 
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult  # noqa: E402
 
-from strideguard.testing.executorch_cpu import aoti_edge_program, lower_and_run
+from strideguard.testing.executorch_cpu import aoti_edge_program, lower_and_run  # noqa: E402
 
 
 class Policy(torch.nn.Module):

@@ -61,7 +61,7 @@ def _relaid_in_one_pass(graph: torch.fx.Graph, conversion) -> set:
             continue
         if node.op != "call_function" or not any(source in reached for source in node.all_input_nodes):
             continue
-        op = conversion.op_of(node)
+        op = conversion.view_values.op_of(node)
         if relayout.lays_out_its_own_result(node, op):
             continue
         reached.add(node)

@@ -41,6 +41,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true
 
+from ..program.dialect import aten_op
 from .fake_device import sdp_priority_order
 from .targets import Target
 
@@ -72,8 +73,6 @@ class KernelChoice:
 
 
 def _is_sdpa(node: Node) -> bool:
-    from ..program.dialect import aten_op
-
     return node.op == "call_function" and aten_op(node.target) is aten.scaled_dot_product_attention.default
 
 

@@ -39,6 +39,7 @@ except ImportError:  # torch 2.11 (a GPU machine's own) has the hook, a plain ca
 from torch._inductor.utils import sympy_product
 
 from ..program import density
+from ..program.dialect import dialect_of
 from .targets import CPU, LoweringUnavailable, Target
 
 _HOOK = "_pre_fusion_custom_pass"
@@ -120,8 +121,6 @@ def lower_outputs(
     tensors of that device (``strideguard.compiler.fake_device``), made from the program's own fake values
     (``example_inputs`` are not used then).
     """
-    from ..program.dialect import dialect_of
-
     if dialect_of(program).is_edge:
         raise ValueError("strideguard: lower_outputs takes an ATen program; use lower_edge_outputs for Edge")
     # For another device the inputs are the program's own fake values, moved there (``compiler.fake_device.on_target``).

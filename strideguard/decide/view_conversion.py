@@ -124,24 +124,17 @@ class ViewConversion:
     targets: dict[Node, Any] = field(default_factory=dict)
     later: dict[Node, Any] = field(default_factory=dict)
     view_values: ViewValues = field(init=False, repr=False, compare=False)
-    op_of: Callable[[Node], Any] = field(init=False, repr=False, compare=False)
-    """The op ``node`` runs once compiled (``ViewValues.op_of``)."""
-    converts: Callable[[Node], bool] = field(init=False, repr=False, compare=False)
-    value: Callable[[Node], Any] = field(init=False, repr=False, compare=False)
-    """The fake tensor ``node`` holds once compiled (views recomputed on their bases)."""
-    geometry: Callable[[Node], Geometries] = field(init=False, repr=False, compare=False)
+    """What every node holds once compiled, under ``targets`` and ``later`` as they grow: each node's op
+    (``op_of``), value and geometry. Its own methods are what the compiled layouts and the relayout are
+    handed, so they call down into the program stage, never back up into this plan."""
 
     def __post_init__(self):
-        # The view values' own methods, handed on as they are: what reads them (the compiled layouts, the
-        # relayout) calls down into the program stage, never back up into this plan.
         self.view_values = ViewValues(self.targets, self.later)
-        self.op_of, self.converts = self.view_values.op_of, self.view_values.converts
-        self.value, self.geometry = self.view_values.value, self.view_values.geometry
 
     def relaid(self) -> RelaidNodes:
         """Compute nodes whose traced layout Inductor's trace may change, and so what reads them
         (``strideguard.compiler.relayout``), decided as asked."""
-        return RelaidNodes([*self.targets, *self.later], self.geometry, self.op_of)
+        return RelaidNodes([*self.targets, *self.later], self.view_values.geometry, self.view_values.op_of)
 
 
 def plan_view_conversion(
@@ -170,7 +163,7 @@ def plan_view_conversion(
     def storages(pieces: list[Node]) -> set:
         if not pieces:
             return set()
-        return {g.storage for g in map(conversion.geometry, pieces) if isinstance(g, Geometry)}
+        return {g.storage for g in map(conversion.view_values.geometry, pieces) if isinstance(g, Geometry)}
 
     pieces_of: dict[Node, list[Node]] = {node: [node] for node in returned}
     """What each node returns: itself, and the chunks of it that are returned."""
@@ -191,7 +184,7 @@ def plan_view_conversion(
                 converts_more
                 and (accepts is None or accepts(view_op))
                 and not _blocks_a_later_conversion(node, conversion)
-                and not (policy.careful and _reorders_for_compute(node, conversion.geometry(node), conversion))
+                and not (policy.careful and _reorders_for_compute(node, conversion.view_values.geometry(node), conversion))
             ):
                 conversion.targets[node] = conversion.later.pop(node)
             decided_returned_storages |= storages(pieces)
@@ -233,7 +226,7 @@ def view_copies_left_out_of_layout(
         if any(
             density.has_layout(g.shape, g.strides, promised_dim_order(member)) is not True
             for member in group
-            if isinstance(g := conversion.geometry(member), Geometry)
+            if isinstance(g := conversion.view_values.geometry(member), Geometry)
         ):
             found.append(group)
     return found
@@ -256,13 +249,13 @@ def _as_view(node: Node, view_op: Any, conversion: ViewConversion) -> Optional[G
     """The geometry ``node`` would have as ``view_op``; ``None`` where it cannot be a view (a ``view_copy``
     whose input's strides allow no view)."""
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
-    base = conversion.geometry(source) if source is not None else None
+    base = conversion.view_values.geometry(source) if source is not None else None
     if isinstance(base, Geometry) and base.static:
         found = view_geometry(aten_op(view_op), base, node.args[1:], node.kwargs)
         if found is not None:
             return found
     try:
-        value = call_on_fake_values(aten_op(view_op), node, conversion.value)
+        value = call_on_fake_values(aten_op(view_op), node, conversion.view_values.value)
     except RuntimeError:
         return None
     return [Geometry.of(v) for v in value] if isinstance(value, (list, tuple)) else Geometry.of(value)
@@ -295,7 +288,7 @@ def _reorders_for_compute(node: Node, candidate: Geometries, conversion: ViewCon
         return False
     if any(density.dim_order_of(g.shape, g.strides) != density.dim_order_of(g.shape, strides) for g, strides in pairs):
         return True
-    return any(_rounds_otherwise(conversion.op_of(u), gaps=bool(pairs), starts_inside=starts_inside) for u in computing)
+    return any(_rounds_otherwise(conversion.view_values.op_of(u), gaps=bool(pairs), starts_inside=starts_inside) for u in computing)
 
 
 def _computing_readers(node: Node, conversion: ViewConversion) -> list[Node]:
@@ -308,7 +301,7 @@ def _computing_readers(node: Node, conversion: ViewConversion) -> list[Node]:
         if user in seen:
             continue
         seen.add(user)
-        if user.target is operator.getitem or (user.op == "call_function" and is_view_op(conversion.op_of(user))):
+        if user.target is operator.getitem or (user.op == "call_function" and is_view_op(conversion.view_values.op_of(user))):
             pending += list(user.users)
         elif user.op == "call_function":
             found.append(user)

@@ -146,8 +146,8 @@ def make_plan(
     facts = analyze_outputs(
         graph,
         signature,
-        values=conversion.value,
-        op_of=conversion.op_of,
+        values=conversion.view_values.value,
+        op_of=conversion.view_values.op_of,
         target_orders=target_orders,
         relaid=conversion.relaid(),
         names=list(names) if names is not None else None,
@@ -217,7 +217,7 @@ def apply_plan(plan: Plan, *, update_values: bool = True) -> int:
     ``update_values=False`` keeps converted nodes' traced values (see ``convert_views``).
     """
     changed = len(plan.pushdowns) + convert_views(plan.conversion, update_values=update_values)
-    changed += len(insert_output_copies(plan.graph, plan.copies, plan.dialect, plan.conversion.value))
+    changed += len(insert_output_copies(plan.graph, plan.copies, plan.dialect, plan.conversion.view_values.value))
     changed += record_requested_layouts(plan.graph, plan.signature, plan.requested)
     if plan.dialect.is_edge:
         changed += detach_copy_to_alias_copy(plan.graph)

@@ -19,6 +19,8 @@ from typing import Any, Optional
 import torch
 from torch.export import ExportedProgram
 
+from . import density
+
 
 class Dialect(str, Enum):
     ATEN = "aten"
@@ -58,11 +60,8 @@ def dialect_of_graph(graph: torch.fx.Graph, *, skip_dim_order: Optional[bool] = 
     return Dialect.EDGE_DIM_ORDER
 
 
-
-
 def is_edge_op(target: Any) -> bool:
     return type(target).__name__ == "EdgeOpOverload"
-
 
 
 def aten_op(target: Any) -> Any:
@@ -165,8 +164,6 @@ def edge_copy_order(dialect: Dialect, shape: tuple, dim_order: tuple[int, ...]) 
     contiguous copy, ``(16, 16, 4, 1)``, holds the same bytes in the same places and promises
     ``(0, 1, 2, 3)``, which it keeps.
     """
-    from . import density
-
     same_bytes = []
     for candidate in _MEMORY_FORMAT_ORDERS.get(len(dim_order), (tuple(range(len(dim_order))),)):
         if not copies_into(dialect, candidate):
@@ -185,7 +182,6 @@ def permute_call(dialect: Dialect) -> Any:
     if dialect.is_edge:
         raise ValueError("an Edge program copies into a dim order with _clone_dim_order, not through a permutation")
     return torch.ops.aten.permute.default
-
 
 
 def narrow_call(dialect: Dialect) -> Any:

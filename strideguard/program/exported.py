@@ -65,7 +65,6 @@ def placeholder_roles(signature: ExportGraphSignature) -> dict[str, Alias]:
     return roles
 
 
-
 PUSHED_DOWN = "strideguard_pushdown"
 """Key in a pushed node's ``meta["custom"]`` (kept by ``torch.export.save``): the pushdown that made it."""
 
@@ -73,7 +72,6 @@ PUSHED_DOWN = "strideguard_pushdown"
 def was_pushed_down(graph: torch.fx.Graph) -> bool:
     """Whether a pushdown made any of ``graph``'s nodes (its values may then differ by rounding)."""
     return any(PUSHED_DOWN in node.meta.get("custom", {}) for node in graph.nodes)
-
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ def dim_order_copies() -> frozenset:
 
 def op_name(target: Any) -> Optional[str]:
     """The op's name without namespace or overload, for messages (``slice_copy`` for ``aten.slice_copy.Tensor``);
-    decisions ask ``strideguard.program.ops``."""
+    decisions ask the families above."""
     op = aten_op(target)
     schema = getattr(op, "_schema", None)
     return schema.name.split("::")[-1] if schema is not None else None

@@ -58,7 +58,7 @@ def promised_dim_order(node: torch.fx.Node) -> tuple[int, ...]:
 
 def target_dim_orders(program: ExportedProgram) -> tuple[Optional[tuple[int, ...]], ...]:
     """Each user output's target layout: the one the user asked for and the program records
-    (``program.promises.LAYOUT_TAG``), else contiguous in an ATen program and the promised dim order in an Edge one;
+    (``LAYOUT_TAG``), else contiguous in an ATen program and the promised dim order in an Edge one;
     ``None`` for an output that is not a tensor. An output the user asked to keep has its default target
     here (``kept_outputs`` says which those are)."""
     return target_orders_of(program.graph, program.graph_signature, dialect_of(program))
@@ -67,7 +67,6 @@ def target_dim_orders(program: ExportedProgram) -> tuple[Optional[tuple[int, ...
 def target_orders_of(graph: torch.fx.Graph, signature: Any, dialect: Dialect, requested: Optional[dict] = None) -> tuple:
     """``target_dim_orders`` for a graph and its signature; ``requested`` (user output index -> dim order or
     ``"keep"``) goes over what the graph records."""
-
     asked = {**requested_layouts(graph, signature), **(requested or {})}
     returned = output_values(graph)
     orders = []
@@ -84,6 +83,5 @@ def target_orders_of(graph: torch.fx.Graph, signature: Any, dialect: Dialect, re
 
 
 def kept_outputs(program: ExportedProgram) -> frozenset[int]:
-    """The user outputs the user asked to keep as the compiler lays them out (``program.promises.KEEP``)."""
-
+    """The user outputs the user asked to keep as the compiler lays them out (``KEEP``)."""
     return frozenset(i for i, wanted in requested_layouts(program.graph, program.graph_signature).items() if wanted == KEEP)

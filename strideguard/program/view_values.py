@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 import torch
 from torch.fx import Node
 
+from . import density
 from .dialect import aten_op
 from .fake_values import call_on_fake_values, storage_key, view_of_memory
 from .ops import is_view_op
@@ -412,8 +413,6 @@ def _as_strided(base: Geometry, size, stride, storage_offset=None) -> Geometry:
 def _view(base: Geometry, size) -> Geometry:
     """Only a view of a tensor with exactly the contiguous strides, whose result is contiguous; anything else
     is dispatched (``make check`` found a size-one dimension's stride of 2 that torch's ``view`` carries on)."""
-    from . import density
-
     if tuple(base.strides) != tuple(density.strides_for_order(base.shape, range(len(base.shape)))):
         raise ValueError(size)  # contiguous but with another stride on a size-one dimension: torch keeps it
     numel = 1

@@ -402,8 +402,6 @@ class OutputExpectation:
 
 def _check_one(out, value, reference, input_storages, output_storages, expected: OutputExpectation) -> OutputCheck:
     """One output measured against ``expected``."""
-    target_order, predicted, lowered = expected.target_order, expected.predicted, expected.lowered
-    tolerance, kept, line = expected.tolerance, expected.kept, expected.line
     node = getattr(out.spec.arg, "name", None) or None
     name = expected.name or node
     if not isinstance(reference, torch.Tensor):
@@ -411,7 +409,9 @@ def _check_one(out, value, reference, input_storages, output_storages, expected:
         kind = _NON_TENSOR_KINDS.get(type(reference), OutputKind.OTHER)
         if isinstance(value, torch.Tensor) and value.numel() == 1:
             value = value.item()
-        return OutputCheck(index=out.index, name=name, kind=kind, match=value == reference, node=node, source_line=line)
+        return OutputCheck(
+            index=out.index, name=name, kind=kind, match=value == reference, node=node, source_line=expected.line
+        )
     shape, strides = tuple(value.shape), tuple(value.stride())
     aliases = []
     if value.numel():
@@ -420,14 +420,11 @@ def _check_one(out, value, reference, input_storages, output_storages, expected:
             aliases.append(input_storages[pointer])
         aliases += [Alias(AliasKind.OUTPUT, i) for i in memory_group_peer(output_storages.get(pointer, ()), out.index)]
     reference = reference.to(value.device)
-    if not (value.is_floating_point() or value.is_complex()):
-        tolerance = None
-    error = 0.0
+    tolerance = expected.tolerance if value.is_floating_point() or value.is_complex() else None
     comparable = value.shape == reference.shape and value.dtype == reference.dtype
-    if comparable and not torch.equal(value, reference):
-        error = largest_difference(value, reference)
+    error = largest_difference(value, reference) if comparable else 0.0
     match = _values_match(value, reference, tolerance)
-    order = target_order if target_order is not None else density.identity_order(value.dim())
+    order = expected.target_order if expected.target_order is not None else density.identity_order(value.dim())
     return OutputCheck(
         index=out.index,
         name=name,
@@ -444,11 +441,11 @@ def _check_one(out, value, reference, input_storages, output_storages, expected:
         max_abs_error=error,
         eager_tolerance=tolerance,
         match=bool(match),
-        predicted_strides=predicted,
-        lowered_strides=lowered,
+        predicted_strides=expected.predicted,
+        lowered_strides=expected.lowered,
         node=node,
-        kept=kept,
-        source_line=line,
+        kept=expected.kept,
+        source_line=expected.line,
     )
 
 

@@ -25,5 +25,5 @@ def convert_views(conversion: ViewConversion, *, update_values: bool = True) -> 
     if update_values:
         chunks = [u for n in conversion.targets for u in n.users if u.target is operator.getitem]
         for node in [*conversion.targets, *chunks]:
-            node.meta["val"] = conversion.value(node)
+            node.meta["val"] = conversion.view_values.value(node)
     return len(conversion.targets)
