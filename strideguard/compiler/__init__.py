@@ -5,6 +5,8 @@ Inductor's own lowering up to where output layouts are fixed (on fake
 tensors of a device this machine lacks: ``fake_device``); ``backends``
 reads what an ExecuTorch AOTI backend runs before Inductor;
 ``attention_kernels`` chooses CUDA's attention kernel by torch's rules;
+``padded_matmuls`` names the matmuls whose padding the device's own
+benchmark decides (``pad_mm``), lowered both ways;
 ``inductor`` and ``relayout`` say what Inductor does that the graph does not
 show, and ``compiled_layout`` what it hands back for one output.
 

@@ -26,7 +26,18 @@ torch entry point of the CUDA lowering touched:
   (``strideguard.compiler.attention_kernels``);
 * ``FakeTensor.item``/``tolist``: Inductor inlines small constants by their
   values; the fake device tensor answers with its real CPU values (zeros for
-  a constant made while tracing: values never reach a layout).
+  a constant made while tracing: values never reach a layout);
+* ``FakeTensor.__getitem__``: Python indexing takes a device guard of the
+  tensor's device in C++, which a CPU build of torch has none of for CUDA;
+  Inductor's replacements index (``pad_mm`` slices its padded result back:
+  ``res[:, :-n]``), so a fake device tensor indexed by ints, slices, ``None``
+  and ``...`` is answered by the same ``select``/``slice``/``unsqueeze`` ops
+  the C++ path records (any other index goes to torch as before);
+* ``pad_mm``'s on-device benchmark and what its compute-bound test reads of
+  the device (``benchmark_answers``; why: ``strideguard.compiler.padded_matmuls``);
+* ``torch._C._conv_determine_backend_memory_format``, on a build of torch
+  without cuDNN, whose fake CUDA convolution would answer for its slow
+  fallback kernel (``convolution_formats``).
 
 Two options change what is compiled, both per call: the uniform-value
 constant folder builds real tensors on the device, so it is off
@@ -45,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 from unittest import mock
 
@@ -146,6 +158,7 @@ def _patches(target: Target) -> list:
         mock.patch.object(inductor_graph, "is_same_tensor", _same_fake_tensor),
         mock.patch.object(FakeTensor, "tolist", _real_values("tolist", FakeTensor.tolist)),
         mock.patch.object(FakeTensor, "item", _real_values("item", FakeTensor.item)),
+        mock.patch.object(FakeTensor, "__getitem__", _basic_indexing(FakeTensor.__getitem__)),
     ]
 
 
@@ -193,6 +206,173 @@ def _real_values(method: str, original):
         return getattr(torch.zeros(self.shape, dtype=self.dtype), method)(*args, **kwargs)
 
     return answer
+
+
+LEAST_BALANCED = {
+    (9, 0): ("H200", 989.0, 67.0, 494.0, 4900.0),
+    (10, 0): ("B200", 2250.0, 80.0, 1100.0, 8000.0),
+}
+"""Per compute capability, the device whose matmuls are compute-bound soonest (the lowest peak throughput per
+byte of memory bandwidth, NVIDIA's data sheets, dense): its name, dense 16-bit, float32 and TF32 tensor TFLOPS,
+and DRAM GB/s (GH200's 4.9 TB/s for sm90)."""
+
+MARGIN = 2.0
+"""The machine balance assumed is the least balanced device's divided by this: Inductor reads a device's figures
+through Triton's estimates, which need not match its data sheet."""
+
+
+@contextlib.contextmanager
+def benchmark_answers(target: Target, pad: bool, found: list) -> Iterator[None]:
+    """For one lowering for ``target``: ``pad_mm``'s on-device benchmark answers ``pad`` for every matmul that
+    reaches it, each appended to ``found`` as a ``PadDecision``. Everything before the benchmark is Inductor's
+    own; nothing is read from or written to its on-disk caches. The CPU gets nothing (``pad_mm`` never pads
+    there)."""
+    if target.is_cpu:
+        yield
+        return
+    from torch._inductor import utils as inductor_utils
+    from torch._inductor.fx_passes import pad_mm
+
+    from . import padded_matmuls
+
+    should_pad = getattr(pad_mm._should_pad, "__wrapped__", pad_mm._should_pad)  # past its persistent memoizer
+    asked: list[bool] = []
+
+    def benchmark_answer(key):
+        asked.append(True)
+        return pad
+
+    def answered_should_pad(match, mat1, mat2, op, input=None):
+        before = len(asked)
+        result = should_pad(match, mat1, mat2, op, input)
+        if len(asked) > before:
+            shapes = tuple(tuple(t.shape) for t in (input, mat1, mat2) if t is not None)
+            found.append(padded_matmuls.PadDecision(getattr(op, "__name__", str(op)), shapes, mat1.dtype))
+        return result
+
+    patches = [
+        mock.patch.object(pad_mm, "_should_pad", answered_should_pad),
+        mock.patch.object(pad_mm, "get_cached_should_pad", benchmark_answer),
+    ]
+    if not target.present:
+        # A device of the target's kind has Triton; without the device, the figures its test reads are assumed.
+        patches.append(mock.patch.object(pad_mm, "has_triton", lambda *args, **kwargs: True))
+        figures = _Figures(target.capability)
+        patches += [
+            mock.patch.object(inductor_utils, "get_device_tflops", figures.tflops),
+            mock.patch.object(inductor_utils, "get_gpu_dram_gbps", figures.dram_gbps),
+        ]
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch)
+        yield
+
+
+class _UnknownFigures(RuntimeError):
+    """Raised where Inductor asks a figure of a device whose figures strideguard does not know: Inductor's
+    compute-bound test then answers "compute-bound", as it does when it cannot read them itself."""
+
+
+@dataclass(frozen=True)
+class _Figures:
+    capability: Optional[tuple[int, int]]
+
+    def tflops(self, dtype: torch.dtype) -> float:
+        known = LEAST_BALANCED.get(self.capability)
+        if known is None:
+            raise _UnknownFigures(f"no figures for sm{self.capability}")
+        _, half, single, tf32, _ = known
+        if dtype in (torch.float16, torch.bfloat16):
+            return half
+        precision = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+        uses_tf32 = precision == "tf32" if precision is not None else torch.backends.cuda.matmul.allow_tf32
+        return tf32 if uses_tf32 else single
+
+    def dram_gbps(self) -> float:
+        known = LEAST_BALANCED.get(self.capability)
+        if known is None:
+            raise _UnknownFigures(f"no figures for sm{self.capability}")
+        return known[-1] * MARGIN
+
+
+@contextlib.contextmanager
+def convolution_formats(target: Target, channels_last: bool, found: list) -> Iterator[None]:
+    """For one lowering for ``target`` on a build of torch without cuDNN: a CUDA convolution whose input or
+    weight is laid out channels-last gets the memory format ``channels_last`` says (each appended to
+    ``found``). The fake convolution asks ``_conv_determine_backend_memory_format``, which a build without
+    cuDNN answers for its slow fallback kernel (contiguous), where a CUDA build asks cuDNN (channels-last, for
+    every cuDNN torch supports). Both are lowered where it matters, as every undecided choice is; a build
+    with cuDNN, or a device present, answers itself."""
+    if target.kind != "cuda" or target.present or torch.backends.cudnn.is_available():
+        yield
+        return
+    from torch._prims_common import suggest_memory_format
+
+    original = torch._C._conv_determine_backend_memory_format
+
+    def determine(input_, weight, backend):
+        laid_out = {suggest_memory_format(t) for t in (input_, weight) if t.dim() in (4, 5)}
+        relaid = laid_out & {torch.channels_last, torch.channels_last_3d}
+        if input_.device.type != "cuda" or not relaid:
+            return original(input_, weight, backend)
+        found.append(tuple(input_.shape))
+        return next(iter(relaid)) if channels_last else original(input_, weight, backend)
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # Fake tensors remember an op's result by its inputs' metadata, across modes: a convolution answered
+    # otherwise before must be asked again, and what is answered here must not be remembered after.
+    FakeTensorMode.cache_clear()
+    try:
+        with mock.patch.object(torch._C, "_conv_determine_backend_memory_format", determine):
+            yield
+    finally:
+        FakeTensorMode.cache_clear()
+
+
+def is_mm_compute_bound(m: int, k: int, n: int, dtype: torch.dtype, target: Target) -> bool:
+    """Inductor's ``pad_mm.is_mm_compute_bound`` for ``target``, with the figures ``benchmark_answers`` assumes."""
+    from torch._inductor.fx_passes import pad_mm
+
+    with lowering_for(target), benchmark_answers(target, False, []):
+        return bool(pad_mm.is_mm_compute_bound(m, k, n, dtype))
+
+
+def pad_alignment(dtype: torch.dtype) -> int:
+    """The multiple ``pad_mm`` pads a matmul's sizes of ``dtype`` to (0: never)."""
+    from torch._inductor.fx_passes import pad_mm
+
+    return pad_mm.get_alignment_size_dtype(dtype)
+
+
+def _basic_indexing(original):
+    """``tensor[index]`` of a fake tensor on a device this build of torch has no guard for, spelled with the ops
+    torch's own indexing records for ints, slices, ``None`` and ``...``; any other index goes to ``original``."""
+    aten = torch.ops.aten
+
+    def getitem(self, index):
+        items = index if isinstance(index, tuple) else (index,)
+        basic = all(item is None or item is Ellipsis or isinstance(item, slice) or (type(item) is int) for item in items)
+        if self.device.type == "cpu" or not basic or sum(item is Ellipsis for item in items) > 1:
+            return original(self, index)
+        indexing = sum(item is not None and item is not Ellipsis for item in items)
+        if Ellipsis in items:
+            at = items.index(Ellipsis)
+            items = items[:at] + (slice(None),) * (self.dim() - indexing) + items[at + 1:]
+        result, dim = self, 0
+        for item in items:
+            if item is None:
+                result = aten.unsqueeze.default(result, dim)
+                dim += 1
+            elif isinstance(item, slice):
+                if item != slice(None):
+                    result = aten.slice.Tensor(result, dim, item.start, item.stop, 1 if item.step is None else item.step)
+                dim += 1
+            else:
+                result = aten.select.int(result, dim, item)
+        return result
+
+    return getitem
 
 
 def on_target(module: GraphModule, target: Target, fake_mode: Optional[Any]) -> tuple[GraphModule, tuple]:

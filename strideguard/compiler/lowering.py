@@ -67,6 +67,10 @@ class LoweredOutput:
     backend, where ``sdp_utils``' choice is not decided by what is known here: ``Lowering.undecided``), where
     they differ from ``strides``; empty where they do not."""
 
+    benchmark_decides: bool = False
+    """Its strides differ between the branches of a decision the device's own benchmark makes when it compiles
+    (``pad_mm``: ``strideguard.compiler.padded_matmuls``); ``alternatives`` then hold the other branch's."""
+
     @property
     def every_strides(self) -> tuple:
         """``strides`` and each alternative: the output is in a layout only if it is under every choice."""
@@ -89,11 +93,32 @@ class Lowering:
     """The device's kernel choices this lowering followed (``strideguard.compiler.attention_kernels.KernelChoice``)."""
     options_not_applied: tuple[str, ...] = ()
     """The backend's compile options a lowering without its device cannot apply (autotuning)."""
+    pad_decisions: tuple = ()
+    """The matmuls whose padding the device's benchmark decides (``strideguard.compiler.padded_matmuls.PadDecision``):
+    the lowering ran both ways where there are any."""
+
+    relaid_convolutions: tuple = ()
+    """Input shapes of the CUDA convolutions whose memory format this build of torch could not ask cuDNN
+    (``compiler.fake_device.convolution_formats``): the lowering ran both ways where there are any."""
 
     @property
     def undecided(self) -> str:
         """Why the device's kernel choices are not all decided here (empty when they are)."""
-        return "; ".join(dict.fromkeys(choice.undecided for choice in self.kernel_choices if choice.undecided))
+        reasons = [choice.undecided for choice in self.kernel_choices if choice.undecided]
+        if self.relaid_convolutions:
+            shapes = ", ".join(str(list(shape)) for shape in self.relaid_convolutions[:3])
+            reasons.append(
+                f"cuDNN picks the memory format of the convolution of {shapes} on the device, and this build of "
+                "torch has no cuDNN to ask"
+            )
+        return "; ".join(dict.fromkeys(reasons))
+
+    @property
+    def benchmark_undecided(self) -> str:
+        """What the device's benchmark decides when it compiles, in words (empty when nothing)."""
+        from .padded_matmuls import described
+
+        return described(list(self.pad_decisions)) if self.pad_decisions else ""
 
 
 class _Lowered(Exception):
@@ -242,17 +267,40 @@ def _lower(
     args, kwargs = torch.utils._pytree.tree_unflatten(list(flat), in_spec) if in_spec is not None else (flat, {})
     choices = attention_kernels.choices(module.graph, target)
     options = {**(inductor_configs or {}), **fake_device.OPTIONS}
-    lowerings = []
-    for scenario in attention_kernels.scenarios(choices):
-        chosen = attention_kernels.with_kernels(module, scenario, target.torch_device)
-        with fake_device.lowering_for(target):
-            lowerings.append(_lower_once(chosen, args, kwargs, options))
-    return replace(_merged(lowerings), target=target, kernel_choices=tuple(choices))
+    chosen = [attention_kernels.with_kernels(module, scenario, target.torch_device)
+              for scenario in attention_kernels.scenarios(choices)]
+    # Each kernel choice lowered with the device's benchmark saying "do not pad"; where a matmul reached that
+    # benchmark, each again with it saying "pad" (``compiler.padded_matmuls``); where this build of torch could
+    # not ask cuDNN a convolution's memory format, each again with cuDNN's channels-last.
+    decisions: list = []
+    convolutions: list = []
+    base = [_lower_for(each, args, kwargs, options, target, found=decisions, convolutions=convolutions) for each in chosen]
+    padded = [_lower_for(each, args, kwargs, options, target, pad=True) for each in chosen] if decisions else []
+    relaid = [_lower_for(each, args, kwargs, options, target, channels_last=True) for each in chosen] if convolutions else []
+    merged = _merged(base, padded, relaid)
+    return replace(
+        merged, target=target, kernel_choices=tuple(choices), pad_decisions=tuple(decisions),
+        relaid_convolutions=tuple(dict.fromkeys(convolutions)),
+    )
 
 
-def _merged(lowerings: list[Lowering]) -> Lowering:
-    """One lowering per scenario of undecided kernel choices, as one: an output whose strides differ carries
-    the others as ``alternatives``."""
+def _lower_for(
+    module, args, kwargs, options, target: Target, *, pad: bool = False, channels_last: bool = False,
+    found: Optional[list] = None, convolutions: Optional[list] = None,
+) -> Lowering:
+    from . import fake_device
+
+    with fake_device.lowering_for(target), fake_device.benchmark_answers(target, pad, [] if found is None else found), \
+            fake_device.convolution_formats(target, channels_last, [] if convolutions is None else convolutions):
+        return _lower_once(module, args, kwargs, options)
+
+
+def _merged(base: list[Lowering], padded: Sequence[Lowering] = (), relaid: Sequence[Lowering] = ()) -> Lowering:
+    """One lowering per scenario of the device's undecided choices, as one: an output whose strides differ
+    carries the others as ``alternatives``. ``padded`` are ``base`` again with matmuls padded, ``relaid`` with
+    convolutions channels-last: an output whose strides differ from its unpadded twin's is decided by the
+    device's benchmark."""
+    lowerings = [*base, *padded, *relaid]
     first, rest = lowerings[0], lowerings[1:]
     outputs = []
     for index, lowered in enumerate(first.outputs):
@@ -260,7 +308,12 @@ def _merged(lowerings: list[Lowering]) -> Lowering:
             outputs.append(lowered)
             continue
         others = dict.fromkeys(tuple(other.outputs[index].strides) for other in rest)
-        outputs.append(replace(lowered, alternatives=tuple(s for s in others if s != tuple(lowered.strides))))
+        by_benchmark = any(
+            tuple(each.outputs[index].strides) != tuple(twin.outputs[index].strides) for each, twin in zip(base, padded)
+        )
+        outputs.append(replace(
+            lowered, alternatives=tuple(s for s in others if s != tuple(lowered.strides)), benchmark_decides=by_benchmark
+        ))
     return replace(first, outputs=tuple(outputs), seconds=sum(lowering.seconds for lowering in lowerings))
 
 

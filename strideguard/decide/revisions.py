@@ -38,7 +38,16 @@ def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFa
         shown = list(density.format_strides(strides))
         if lowered.copied_by_wrapper:
             explanation += " (its wrapper returns a copy of a weight's view)"
-        if lowered.alternatives:
+        held = {density.has_layout(shape, each, order) is True for each in lowered.every_strides}
+        if lowered.alternatives and lowered.benchmark_decides:
+            others = " or ".join(str(list(density.format_strides(alternative))) for alternative in lowered.alternatives)
+            why = f"by what a benchmark on the device says when it compiles ({lowering.benchmark_undecided})"
+            if held == {False}:
+                explanation += f"; Inductor's lowering for {lowering.target} returns strides {shown} or {others}, {why}"
+            else:
+                in_target, reason = None, Reason.BENCHMARK_DECIDES
+                explanation = f"Inductor's lowering for {lowering.target} returns strides {shown} or {others}, {why}"
+        elif lowered.alternatives:
             others = " or ".join(str(list(density.format_strides(alternative))) for alternative in lowered.alternatives)
             in_target, reason = None, Reason.KERNEL_DECIDES
             explanation = (
@@ -105,6 +114,25 @@ def left_to_backend(
         )
         decided.append(replace(fact, reported=record))
     return decided
+
+
+def left_to_benchmark(facts: list[OutputFacts], padded: Mapping[str, str]) -> list[OutputFacts]:
+    """``facts`` with each tensor output that is a matrix product the device's benchmark may pad (``padded``, by
+    node name, with why), or a view of one, copied in a form that holds padded or not. What reads a padded
+    product computes a fresh buffer, laid out by Inductor as unpadded: only the product and its views are
+    reached."""
+    revised = []
+    for fact in facts:
+        source = fact.base if fact.chain else fact.node
+        why = padded.get(source.name) if isinstance(source, Node) else None
+        if fact.reported.kind != "tensor" or why is None or fact.reported.in_target_layout is False:
+            revised.append(fact)
+            continue
+        revised.append(replace(fact, reported=replace(
+            fact.reported, in_target_layout=None, action=Action.COPY, reason=Reason.BENCHMARK_DECIDES,
+            explanation=f"{why}: copied in a form that holds either way (exact=True lowers both)",
+        )))
+    return revised
 
 
 def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:

@@ -34,12 +34,13 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
 from ..compiler.attention_kernels import laid_out_by_kernel
+from ..compiler.padded_matmuls import laid_out_by_benchmark
 from ..compiler.backends import Backend, backend_rewrites, BackendRewrites
 from ..compiler.lowering import executorch_view_pass, lower_edge_outputs, lower_outputs, Lowering
 from ..compiler.targets import CPU, Target
 from ..decide.facts import analyze_outputs, OutputFacts
 from ..decide.pushdown import plan_pushdowns, Pushdown
-from ..decide.revisions import as_asked, break_shared_memory, exact_facts, left_to_backend
+from ..decide.revisions import as_asked, break_shared_memory, exact_facts, left_to_backend, left_to_benchmark
 from ..decide.view_conversion import ConversionPolicy, EXECUTORCH, NO_CONVERSION, plan_view_conversion, ViewConversion
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
 from .passes.insert_output_copies import insert_output_copies
@@ -114,6 +115,7 @@ def make_plan(
     accepts: Optional[Callable[[Any], bool]] = None,
     lower: Optional[Callable[[torch.fx.Graph], Lowering]] = None,
     rewrites: Optional[BackendRewrites] = None,
+    padded_by_benchmark: Optional[Mapping[str, str]] = None,
     names: Optional[Sequence[str]] = None,
     layouts: Optional[Mapping[int, Any]] = None,
 ) -> Plan:
@@ -126,7 +128,9 @@ def make_plan(
     with ``copy_outputs=False``, none is. Without a lowering, an output that
     an AOTI backend's own passes may re-lay (``rewrites``: the nodes they
     rewrite, or why they cannot run here) is copied in the form that holds
-    whatever they do; with one, only where that backend's passes could not run.
+    whatever they do; with one, only where that backend's passes could not run. Without a lowering, an
+    output that is a matrix product the device's benchmark may pad (``padded_by_benchmark``, by node name,
+    with why), or a view of one, is copied in a form that holds either way.
     ``names`` are the user outputs' names (``program.naming.output_names``); ``layouts`` the layout the user asks of
     some of them, by index (a dim order, or ``program.promises.KEEP``), over any the graph records.
     """
@@ -160,6 +164,8 @@ def make_plan(
         facts = left_to_backend(facts, graph, {}, lowering.unavailable)
     elif rewrites is not None:
         facts = left_to_backend(facts, graph, rewrites.rewritten, rewrites.unavailable)
+    if lowering is None and padded_by_benchmark:
+        facts = left_to_benchmark(facts, padded_by_benchmark)
     facts = as_asked(facts, requested, dialect.is_edge)
     if not copy_outputs:
         facts = [fact.uncopied() for fact in facts]
@@ -318,6 +324,7 @@ def _plan(
         # kernel choice decides, are copied in a form that holds.
         known = backend_rewrites(program, backend) if dialect.is_edge else None
         by_kernel = laid_out_by_kernel(graph, target)
+        options["padded_by_benchmark"] = laid_out_by_benchmark(graph, target)
         if by_kernel:
             known = known or BackendRewrites({}, None)
             known = BackendRewrites({**by_kernel, **known.rewritten}, known.unavailable)

@@ -82,6 +82,10 @@ class Reason(str, Enum):
     """The device picks the kernel that lays it out when the program is compiled (CUDA's attention kernel,
     where torch's rules depend on what is not known here: the cuDNN version, a symbolic size); copied in a
     form that holds whichever it picks, and the closed loop lowers every candidate."""
+    BENCHMARK_DECIDES = "benchmark-decides"
+    """A benchmark on the device decides its layout when the program is compiled (Inductor's ``pad_mm`` pads the
+    matmul that produces it where the padded kernel times faster, and returns a slice of the padded result);
+    copied in a form that holds either way, and the closed loop lowers both."""
     SYMBOLIC = "symbolic"
     """Its strides are symbolic and cannot be proven those of its target layout; copied."""
     BACKEND_DECIDES = "backend-decides"
@@ -102,6 +106,7 @@ class Reason(str, Enum):
 UNDECIDED_BY = {
     Reason.INDUCTOR_DECIDES: "Inductor decides",
     Reason.KERNEL_DECIDES: "the device's kernel choice decides",
+    Reason.BENCHMARK_DECIDES: "the device's benchmark decides (pad_mm)",
     Reason.SYMBOLIC: "a symbolic size decides",
     Reason.BACKEND_DECIDES: "the backend's passes decide",
     Reason.CONTROL_FLOW: "control flow decides",

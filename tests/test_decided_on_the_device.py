@@ -1,0 +1,215 @@
+"""Decided on the device: layouts a GPU chooses for itself, lowered every way it may choose.
+
+Matmuls Inductor's ``pad_mm`` pads where a benchmark on the GPU says so: the
+fake-device lowering cannot run the benchmark, so strideguard lowers both
+branches (``strideguard.compiler.padded_matmuls``). A convolution's memory
+format is cuDNN's, which a build of torch without cuDNN cannot ask: both
+formats are lowered there. The ground truth is an
+AOTInductor compile on the CPU with ``pad_mm`` forced (``tests.padding``), which
+takes the padded branch, and a plain one, which does not: every output of a
+program fixed for the device must come back dense, to the letter, under both,
+with the unfixed program's values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import strideguard
+from strideguard.compiler.lowering import lower_outputs
+from strideguard.compiler.padded_matmuls import laid_out_by_benchmark
+from strideguard.compiler.targets import resolve_target
+from strideguard.program import density
+from strideguard.program.promises import target_dim_orders
+from strideguard.prove.proof import PROOF_KEY
+from strideguard.prove.verification import compile_program
+
+from . import tiers
+from .padding import ACTIONS, BATCH, TOKENS, VOCAB, export_heads, forced_pad_mm, heads_inputs
+
+SM87 = resolve_target("cuda:sm87", function="test")
+SM90 = resolve_target("cuda", function="test")
+NAMES = ["logits", "actions", "last"]
+ROW_MAJOR = {
+    "logits": (TOKENS * VOCAB, VOCAB, 1),
+    "actions": (ACTIONS, 1),
+    "last": (VOCAB, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def heads():
+    return export_heads()
+
+
+@pytest.fixture(scope="module")
+def fixed(heads):
+    """The heads fixed for Jetson Orin (both matmuls may be padded) and for an H100-class GPU."""
+    return {
+        "sm87": strideguard.densify_outputs(heads, exact=True, device="cuda:sm87"),
+        "sm90": strideguard.densify_outputs(heads, exact=True, device="cuda"),
+    }
+
+
+@pytest.fixture(scope="module")
+@tiers.needs("compiles", "lowers")
+def compiled(heads, fixed, tmp_path_factory):
+    """Each program compiled with AOTInductor on the CPU, with pad_mm forced and without, and run."""
+    inputs = heads_inputs()
+    results = {}
+    for name, program in (("unfixed", heads), ("sm87", fixed["sm87"]), ("sm90", fixed["sm90"])):
+        for forced in (True, False):
+            directory = str(tmp_path_factory.mktemp(f"{name}-{'forced' if forced else 'plain'}"))
+            with forced_pad_mm() if forced else contextlib.nullcontext():
+                run = compile_program(program, directory)
+            results[name, forced] = dict(zip(NAMES, (run(*inputs)[key] for key in NAMES)))
+    return results
+
+
+def _strides(outputs: dict) -> dict:
+    return {name: (tuple(t.stride()), t.storage_offset()) for name, t in outputs.items()}
+
+
+@pytest.mark.compiles
+@pytest.mark.lowers
+def test_forced_padding_is_the_failure_and_the_fix_for_the_device_holds_under_both_branches(compiled):
+    unfixed = _strides(compiled["unfixed", True])
+    # the failure, as a GPU whose benchmark says "pad" compiles it: the padded row strides come back
+    assert unfixed["logits"] == ((TOKENS * 50264, 50264, 1), 0)
+    assert unfixed["actions"] == ((16, 1), 0)
+    assert _strides(compiled["unfixed", False])["logits"] == ((TOKENS * VOCAB, VOCAB, 1), 0)
+    reference = compiled["unfixed", False]
+    for forced in (True, False):
+        for name in NAMES:
+            got = compiled["sm87", forced][name]
+            assert (tuple(got.stride()), got.storage_offset()) == (ROW_MAJOR[name], 0), (name, forced)
+            assert torch.equal(got, reference[name]), (name, forced)
+        # fixed for sm90, the logits hold under both branches; the action head is not compute-bound on any
+        # sm90 device (the benchmark is never asked), so forcing pads it where no H100 would
+        got = compiled["sm90", forced]["logits"]
+        assert (tuple(got.stride()), got.storage_offset()) == (ROW_MAJOR["logits"], 0), forced
+        assert torch.equal(got, reference["logits"])
+    assert _strides(compiled["sm90", False])["actions"] == (ROW_MAJOR["actions"], 0)
+
+
+@pytest.mark.lowers
+def test_the_report_before_the_fix_names_pad_mm_as_the_decider(heads, caplog):
+    with caplog.at_level(logging.INFO, logger="strideguard"):
+        report = strideguard.inspect(heads, exact=True, device="cuda:sm87")
+    by_name = {output.name: output for output in report.outputs}
+    for name in ("logits", "actions"):
+        output = by_name[name]
+        assert output.in_target_layout is None and output.verdict == "the device's benchmark decides (pad_mm)"
+        assert output.to_dict()["reason"] == "benchmark-decides"
+        assert "[16, 1]" in output.explanation or "50264" in output.explanation
+    # a row of the logits is strided under either branch: out of layout, not undecided
+    assert by_name["last"].in_target_layout is False and by_name["last"].reason.value == "strided"
+    assert "the device's benchmark decides (pad_mm)" in str(report)
+    assert "pad_mm pads" in caplog.text and "benchmark-decides" in caplog.text
+
+
+@pytest.mark.lowers
+def test_both_branches_are_lowered_only_where_the_benchmark_is_asked(heads):
+    at_sm87 = lower_outputs(heads, target=SM87)
+    decided = {str(decision.dtype) for decision in at_sm87.pad_decisions}
+    assert len(at_sm87.pad_decisions) == 2 and decided == {"torch.bfloat16"}, at_sm87.pad_decisions
+    logits, actions, last = at_sm87.outputs
+    assert logits.benchmark_decides and set(logits.every_strides) == {ROW_MAJOR["logits"], (TOKENS * 50264, 50264, 1)}
+    assert actions.benchmark_decides and set(actions.every_strides) == {(ACTIONS, 1), (16, 1)}
+    # on sm90 only the compute-bound prefill reaches the benchmark; the action head is decided: never padded
+    at_sm90 = lower_outputs(heads, target=SM90)
+    assert [decision.shapes for decision in at_sm90.pad_decisions] == [((TOKENS, 256), (256, VOCAB))]
+    assert not at_sm90.outputs[1].benchmark_decides and at_sm90.outputs[1].alternatives == ()
+    # the CPU never pads, and is lowered once
+    assert lower_outputs(heads).pad_decisions == ()
+
+
+@pytest.mark.lowers
+def test_the_fixed_program_is_proven_under_both_branches(fixed):
+    for key, target in (("sm87", SM87), ("sm90", SM90)):
+        program = fixed[key]
+        proof = program.graph_module.meta[PROOF_KEY]
+        assert proof.unproven == () and "lowered on fake tensors" in proof.target
+        lowering = lower_outputs(program, target=target)
+        assert lowering.pad_decisions, key  # both branches were lowered again
+        for lowered, order in zip(lowering.outputs, target_dim_orders(program)):
+            assert all(density.has_layout(lowered.shape, strides, order) is True for strides in lowered.every_strides)
+    assert set(fixed["sm87"].graph_module.meta[PROOF_KEY].named(fixed["sm87"].graph_module.meta[PROOF_KEY].copied)) == set(NAMES)
+    assert set(fixed["sm90"].graph_module.meta[PROOF_KEY].named(fixed["sm90"].graph_module.meta[PROOF_KEY].copied)) == {"logits", "last"}
+
+
+@pytest.mark.lowers
+def test_a_users_forced_padding_is_decided_not_undecided(heads):
+    """``force_shape_pad`` in the options a program is compiled with pads before any benchmark: decided."""
+    lowering = lower_outputs(heads, target=SM87, inductor_configs={"force_shape_pad": True})
+    assert lowering.pad_decisions == ()
+    assert lowering.outputs[1].strides == (16, 1) and lowering.outputs[1].alternatives == ()
+
+
+def test_from_the_graph_alone_a_product_the_benchmark_may_pad_is_copied_and_what_reads_it_is_not(heads):
+    class Consumed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(256, ACTIONS)
+
+        def forward(self, x):
+            y = self.head(x)
+            return y, torch.tanh(y), y[:, :7]
+
+    program = torch.export.export(Consumed().to(torch.bfloat16), (torch.randn(BATCH, 256, dtype=torch.bfloat16),))
+    assert set(laid_out_by_benchmark(program.graph, SM87)) == {"linear"}
+    assert laid_out_by_benchmark(program.graph, SM90) == {}  # not compute-bound on any sm90 device
+    assert laid_out_by_benchmark(program.graph, resolve_target("cpu", function="t")) == {}
+    report = strideguard.inspect(program, device="cuda:sm87")
+    reasons = [output.reason.value for output in report.outputs]
+    assert reasons[0] == "benchmark-decides" and reasons[1] == "in-layout", reasons
+    assert reasons[2] == "strided"  # out of layout whatever the device decides
+
+
+@pytest.mark.lowers
+def test_inductors_pad_cache_is_neither_read_nor_written(heads, monkeypatch, tmp_path):
+    """The benchmark's answer is given, never looked up or recorded in the cache a real compile reads."""
+    from torch._inductor.fx_passes import pad_mm
+
+    touched = []
+    monkeypatch.setattr(pad_mm, "set_cached_should_pad", lambda *args, **kwargs: touched.append(args))
+    monkeypatch.setattr(pad_mm, "get_pad_cache", lambda: touched.append("cache") or pytest.fail("cache read"))
+    lower_outputs(heads, target=SM87)
+    assert touched == []
+    assert os.environ.get("TORCHINDUCTOR_FORCE_SHAPE_PAD") is None
+
+
+class ChannelsLastConvolutions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.plain = nn.Conv2d(8, 16, 3, padding=1, bias=False)
+        self.biased = nn.Conv2d(8, 16, 3, padding=1)
+
+    def forward(self, x):
+        return self.plain(x), self.biased(x), self.plain(x).mean((2, 3))
+
+
+@pytest.mark.lowers
+def test_a_convolutions_memory_format_is_cudnns_and_the_fix_holds_under_either():
+    x = torch.randn(2, 8, 8, 8).to(memory_format=torch.channels_last)
+    program = torch.export.export(ChannelsLastConvolutions().eval(), (x,))
+    lowering = lower_outputs(program, target=SM90)
+    contiguous, channels_last = (1024, 64, 8, 1), (1024, 1, 128, 16)
+    if torch.backends.cudnn.is_available():  # a CUDA build asks cuDNN itself: channels-last, one lowering
+        assert lowering.relaid_convolutions == () and lowering.outputs[0].strides == channels_last
+    else:  # a build without cuDNN lowers its own answer and cuDNN's
+        assert lowering.relaid_convolutions == ((2, 8, 8, 8),)
+        assert set(lowering.outputs[0].every_strides) == {contiguous, channels_last}
+        assert "cuDNN picks the memory format" in lowering.undecided
+    report = strideguard.inspect(program, exact=True, device="cuda")
+    assert [output.in_target_layout for output in report.outputs][0] is not True
+    assert report.outputs[2].in_target_layout is True  # a mean of it is a fresh buffer either way
+    fixed = strideguard.densify_outputs(program, exact=True, device="cuda")
+    for lowered, order in zip(lower_outputs(fixed, target=SM90).outputs, target_dim_orders(fixed)):
+        assert all(density.has_layout(lowered.shape, strides, order) is True for strides in lowered.every_strides)
