@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.strideguard-installed
 
-.PHONY: demo check test test-long test-torch2.14 test-robots bench zoo fuzz clean
+.PHONY: demo check test test-long test-torch2.14 test-robots rehearse-gpu bench zoo fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/lowering_cost.py
 	$(PY) bench/pushdown.py
+	$(PY) bench/pad_mm.py
 
 zoo: $(STAMP)
 	$(PY) bench/zoo.py
@@ -82,5 +83,23 @@ $(LANE3_STAMP): pyproject.toml constraints-robots.txt
 test-robots: $(LANE3_STAMP)
 	$(LANE3)/bin/python -m pytest -q -n 2 tests/test_zoo.py -k lerobot
 
+# The GPU machines' own environment, rehearsed on the CPU: Python 3.12 (found as for lane 3) with torch 2.11.0,
+# Triton 3.6.0, pytest and hypothesis, and nothing else; strideguard is not installed, since bench/gpu.sh
+# imports it from the checkout there. `rehearse-gpu` runs the whole of bench/gpu.sh in it, each step in its
+# CPU form under the limit it has on the GPU, and fails if any step fails or runs past its limit.
+GPU_PYTHON ?= $(ROBOTS_PYTHON)
+GPU_ENV := .venv-gpu
+GPU_STAMP := $(GPU_ENV)/.installed
+
+$(GPU_STAMP): constraints-gpu.txt
+	test -n "$(GPU_PYTHON)" || { echo "make rehearse-gpu needs Python 3.12" >&2; exit 2; }
+	test -x $(GPU_ENV)/bin/python || $(GPU_PYTHON) -m venv $(GPU_ENV)
+	PYTHONWARNINGS=ignore $(GPU_ENV)/bin/python -m pip install -q --upgrade pip
+	PYTHONWARNINGS=ignore $(GPU_ENV)/bin/python -m pip install -q -c constraints-gpu.txt torch triton pytest hypothesis
+	touch $(GPU_STAMP)
+
+rehearse-gpu: $(GPU_STAMP)
+	PYTHON=$(GPU_ENV)/bin/python STRIDEGUARD_REHEARSE_ON_CPU=1 bash bench/gpu.sh
+
 clean:
-	rm -rf $(VENV) $(LANE2) $(LANE3) build *.egg-info
+	rm -rf $(VENV) $(LANE2) $(LANE3) $(GPU_ENV) build *.egg-info

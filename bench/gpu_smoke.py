@@ -6,7 +6,9 @@ neither hides the others nor stops the run: torch's package loader and torch's c
 library inside the package (``bench/aoti_loader.py``), each as the process stands and then with the C++
 compiler's own libstdc++ preloaded. On one image (torch 2.11.0+cu130) the compiled library's
 ``std::regex`` crashed in the locale's facets unless that libstdc++ was preloaded: the library does not
-link libstdc++ itself and bound to another copy of its symbols. The first way that runs is chosen. Writes
+link libstdc++ itself and bound to another copy of its symbols. The children run at once (one after
+another, each importing torch, four would take four times as long), and the first way in that order that
+ran is chosen. Writes
 ``bench/results/gpu_smoke.json``: what each way did and the chosen one, which ``bench/gpu.sh`` exports for
 the later GPU scripts. ``--with-strideguard`` imports strideguard before compiling. Without a CUDA device
 it rehearses the same steps on the CPU.
@@ -100,27 +102,31 @@ def main() -> int:
         package = torch._inductor.aoti_compile_and_package(program, package_path=f"{directory}/smoke.pt2")
         result["compile_s"] = round(time.perf_counter() - started, 1)
         step("compiled")
-        for loader, preload in ways_to_load():
-            way = loader + (f" with {preload} preloaded" if preload else "")
+        ways = ways_to_load()
+        children = []
+        for loader, preload in ways:  # all at once; the first in this order that runs is chosen
             environment = {**os.environ, LOADER_VARIABLE: loader, "PYTHONFAULTHANDLER": "1"}
             if preload:
                 environment["LD_PRELOAD"] = preload
+            children.append(subprocess.Popen([sys.executable, __file__, "--child", package], env=environment,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        deadline = time.monotonic() + args.timeout
+        for (loader, preload), child in zip(ways, children):
+            way = loader + (f" with {preload} preloaded" if preload else "")
             try:
-                child = subprocess.run([sys.executable, __file__, "--child", package], env=environment,
-                                       timeout=args.timeout, capture_output=True, text=True)
+                seen, _ = child.communicate(timeout=max(0.0, deadline - time.monotonic()))
                 outcome = "ran" if child.returncode == 0 else f"exit {child.returncode}"
-                tail = (child.stdout + child.stderr).strip().splitlines()[-6:]
-            except subprocess.TimeoutExpired as stopped:
-                seen = stopped.stderr or b""
-                seen = seen.decode(errors="replace") if isinstance(seen, bytes) else seen
-                outcome, tail = f"no answer in {args.timeout:.0f} s", seen.splitlines()[-6:]
+            except subprocess.TimeoutExpired:
+                child.kill()
+                seen, _ = child.communicate()
+                outcome = f"no answer in {args.timeout:.0f} s"
+            tail = (seen or "").strip().splitlines()[-6:]
             result["ways"].append({"loader": loader, "preload": preload, "outcome": outcome, "output_tail": tail})
             step(f"{way}: {outcome}")
             for line in tail:
                 print(f"    {line}", flush=True)
-            if outcome == "ran":
+            if outcome == "ran" and result["chosen"] is None:
                 result["chosen"] = {"loader": loader, "preload": preload}
-                break
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     step(f"chosen: {result['chosen']}; wrote {args.out}")

@@ -31,8 +31,12 @@ from strideguard.prove.proof import PROOF_KEY
 from strideguard.prove.verification import compile_program
 
 from . import tiers
+from .conftest import needs_executorch
 from .padding import ACTIONS, BATCH, TOKENS, VOCAB, export_heads, forced_pad_mm, heads_inputs
 
+RECORDS_OUTPUT_STRIDES_AFTER_JOINT_PASSES = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 14)
+"""torch 2.13 records the strides an output must come back in after Inductor's joint-graph passes (``pad_mm``,
+``fuse_attention``); 2.14 and later before them (``compile_fx_forward``), keeping only a view's stride order."""
 SM87 = resolve_target("cuda:sm87", function="test")
 SM90 = resolve_target("cuda", function="test")
 NAMES = ["logits", "actions", "last"]
@@ -213,3 +217,85 @@ def test_a_convolutions_memory_format_is_cudnns_and_the_fix_holds_under_either()
     fixed = strideguard.densify_outputs(program, exact=True, device="cuda")
     for lowered, order in zip(lower_outputs(fixed, target=SM90).outputs, target_dim_orders(fixed)):
         assert all(density.has_layout(lowered.shape, strides, order) is True for strides in lowered.every_strides)
+
+
+class WrittenOutAttention(nn.Module):
+    """Attention as matmuls and a softmax with an additive mask: Inductor's ``fuse_attention`` puts an SDPA in
+    its place, whose kernel on CUDA (efficient attention, for a mask in float16) lays its result out in
+    ``(B, M, H, K)`` order, after strideguard's copy was traced."""
+
+    def forward(self, q, k, v, mask):
+        scores = (q @ k.transpose(-2, -1)) / 8.0 + mask
+        return scores.softmax(dim=-1) @ v
+
+
+@pytest.fixture(scope="module")
+def written_out_attention():
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 200, 64, generator=generator).half() for _ in range(3))
+    mask = torch.randn(1, 1, 200, 200, generator=generator).half()
+    return torch.export.export(WrittenOutAttention(), (q, k, v, mask)), (q, k, v, mask)
+
+
+@pytest.mark.lowers
+@pytest.mark.compiles
+def test_an_attention_inductor_inserts_is_lowered_under_each_kernel_and_the_fix_holds(written_out_attention, tmp_path):
+    from strideguard.program.copies import copy_form_of, CopyForm
+    from strideguard.program.exported import output_values
+
+    program, inputs = written_out_attention
+    at_sm87 = lower_outputs(program, target=SM87)
+    assert [choice.candidates for choice in at_sm87.kernel_choices] == [("efficient",)]
+    contiguous = (51200, 12800, 64, 1)
+    fixed = strideguard.densify_outputs(program, exact=True, device="cuda:sm87")
+    proof = fixed.graph_module.meta[PROOF_KEY]
+    if RECORDS_OUTPUT_STRIDES_AFTER_JOINT_PASSES:
+        # torch 2.13 takes the inserted kernel's (B, M, H, K) memory as the output's own layout
+        assert at_sm87.outputs[0].strides == (51200, 64, 256, 1)
+        assert strideguard.inspect(program, exact=True, device="cuda:sm87").outputs[0].in_target_layout is False
+        # the first copy's clone is dropped as a no-op before the attention is inserted; the pinned copy holds
+        assert proof.strengthened == (0,) and copy_form_of(output_values(fixed.graph)[0]) == CopyForm.PINNED.value
+    else:
+        # torch 2.14 and later record the strides before the joint passes and copy into them themselves
+        assert at_sm87.outputs[0].strides == contiguous and proof.copied == ()
+    assert lower_outputs(fixed, target=SM87).outputs[0].every_strides == (contiguous,)
+    run = compile_program(fixed, str(tmp_path / "fixed"))
+    reference = compile_program(program, str(tmp_path / "unfixed"))(*inputs)
+    got = run(*inputs)
+    assert got.stride() == contiguous and torch.equal(got, reference)
+
+
+def test_the_closed_loop_strengthens_a_copy_one_form_at_a_time():
+    from strideguard.program.copies import CopyForm, stronger_form
+
+    matrix, vector = torch.empty(2, 3), torch.empty(3)
+    assert stronger_form(None, matrix) is CopyForm.KEPT
+    assert stronger_form(CopyForm.CLONE.value, matrix) is CopyForm.KEPT
+    assert stronger_form(CopyForm.KEPT.value, matrix) is CopyForm.PINNED
+    assert stronger_form(CopyForm.PINNED.value, matrix) is None
+    assert stronger_form(CopyForm.KEPT.value, vector) is None  # one dimension: nothing to reverse
+    assert stronger_form(None, torch.empty(2, 3, dtype=torch.float8_e4m3fn)) is CopyForm.PINNED
+
+
+@needs_executorch
+@pytest.mark.lowers
+def test_the_pinned_copy_passes_the_edge_verifier_and_lays_out_each_mode():
+    """The pinned form in every dialect: the program's verifier accepts it and Inductor returns the target."""
+    from strideguard.compiler.lowering import lower_edge_outputs
+    from strideguard.fix.engine import with_stronger_copies
+    from strideguard.program.copies import copy_form_of, CopyForm
+    from strideguard.program.exported import output_values
+    from strideguard.testing.executorch_cpu import aoti_edge_program
+
+    class Sliced(nn.Module):
+        def forward(self, x):
+            return (x * 2)[:, :5].transpose(0, 1)
+
+    exported = torch.export.export(Sliced(), (torch.randn(4, 8),))
+    for program in (exported, aoti_edge_program(exported), aoti_edge_program(exported, skip_dim_order=True)):
+        pinned = with_stronger_copies(program, {0: CopyForm.PINNED})
+        pinned.validate()
+        assert copy_form_of(output_values(pinned.graph)[0]) == CopyForm.PINNED.value
+        lowering = lower_edge_outputs(pinned, convert_views=lambda gm: None) if pinned.dialect == "EDGE" else lower_outputs(pinned)
+        assert lowering.outputs[0].strides == (4, 1)
+        assert torch.equal(pinned.module()(torch.ones(4, 8)), exported.module()(torch.ones(4, 8)))

@@ -167,10 +167,13 @@ def _all(*conditions: Optional[bool]) -> Optional[bool]:
 
 
 def _choice(node: Node, target: Target) -> KernelChoice:
-    call = _call_of(node)
+    return _choice_of_call(node.name, _call_of(node), target)
+
+
+def _choice_of_call(name: str, call: _Call, target: Target) -> KernelChoice:
     q, k, v, mask = (_val(call.query), _val(call.key), _val(call.value), _val(call.mask))
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        return KernelChoice(node.name, (MATH,))
+        return KernelChoice(name, (MATH,))
     why = []
     unbatched = _TORCH >= (2, 14) and q.dim() == k.dim() == v.dim() == 3
     if unbatched:
@@ -206,8 +209,8 @@ def _choice(node: Node, target: Target) -> KernelChoice:
     if unbatched and enabled[MATH] and MATH not in candidates:
         candidates.append(MATH)
     if not candidates:
-        raise RuntimeError(f"strideguard: no SDPA kernel CUDA could run for {node.name} with the backends enabled")
-    return KernelChoice(node.name, tuple(candidates), "; ".join(dict.fromkeys(w for w in why if w)) if len(candidates) > 1 else None)
+        raise RuntimeError(f"strideguard: no SDPA kernel CUDA could run for {name} with the backends enabled")
+    return KernelChoice(name, tuple(candidates), "; ".join(dict.fromkeys(w for w in why if w)) if len(candidates) > 1 else None)
 
 
 def _cudnn_preferred(capability: tuple[int, int]) -> Optional[bool]:
@@ -352,67 +355,90 @@ def _batched(value: Any) -> Any:
 
 def _rewrite(graph: torch.fx.Graph, node: Node, kernel: str, device: torch.device) -> None:
     """Replace ``node`` by what the CUDA composite calls for ``kernel`` (``attention.cpp``)."""
-    call = _call_of(node)
-    q_val, mask_val = _val(call.query), _val(call.mask)
-    head = q_val.size(-1)
-    scale = call.scale
 
     def op(target, *args, **kwargs) -> Node:
         return graph.call_function(target, args, kwargs)
 
-    def first(result: Node) -> Node:
-        import operator
-
-        return graph.call_function(operator.getitem, (result, 0))
-
     with graph.inserting_before(node):
-        unbatched = kernel != MATH and q_val.dim() == 3
-        if unbatched:
-            # torch 2.14's normalize_unbatched_input: a batch dimension in front, taken off the result.
-            mask = call.mask
-            if mask is not None:
-                for _ in range(4 - mask_val.dim()):
-                    mask = op(aten.unsqueeze.default, mask, 0)
-                mask_val = _batched(mask_val)
-            call = replace(
-                call, query=op(aten.unsqueeze.default, call.query, 0), key=op(aten.unsqueeze.default, call.key, 0),
-                value=op(aten.unsqueeze.default, call.value, 0), mask=mask,
-            )
-        if kernel == MATH:
-            out = first(op(
-                aten._scaled_dot_product_attention_math.default, call.query, call.key, call.value, call.mask,
-                call.dropout, call.is_causal, None, scale=scale, enable_gqa=call.enable_gqa,
-            ))
-        elif kernel == FLASH:
-            padded = isinstance(head, int) and head % 8 != 0
-            q, k, v = call.query, call.key, call.value
-            if padded:
-                pad = [0, 8 - head % 8]
-                q, k, v = (op(aten.constant_pad_nd.default, t, pad, 0.0) for t in (q, k, v))
-            og_scale = scale if scale is not None else 1.0 / math.sqrt(head) if isinstance(head, int) else None
-            out = first(op(
-                aten._scaled_dot_product_flash_attention.default, q, k, v, call.dropout, call.is_causal, False,
-                scale=og_scale,
-            ))
-            if padded:
-                out = op(aten.slice.Tensor, out, -1, 0, head)
-        elif kernel == EFFICIENT:
-            mask = _mask_for(op, call, mask_val, q_val.dtype, device, pad_bias=True)
-            out = first(op(
-                aten._scaled_dot_product_efficient_attention.default, call.query, call.key, call.value, mask,
-                False, call.dropout, call.is_causal, scale=scale,
-            ))
-        else:
-            mask = _mask_for(op, call, mask_val, q_val.dtype, device, pad_bias=False)
-            out = first(op(
-                aten._scaled_dot_product_cudnn_attention.default, call.query, call.key, call.value, mask,
-                False, call.dropout, call.is_causal, False, scale=scale,
-            ))
-        if unbatched:
-            out = op(aten.squeeze.dim, out, 0)
+        out = _kernel_call(op, _call_of(node), kernel, device)
     out.meta.update({key: node.meta[key] for key in ("stack_trace", "nn_module_stack") if key in node.meta})
     node.replace_all_uses_with(out)
     graph.erase_node(node)
+
+
+def _kernel_call(op, call: _Call, kernel: str, device: torch.device):
+    """What the CUDA composite calls for ``kernel``, built by ``op(target, *args, **kwargs)``: graph nodes for a
+    rewrite, or the ops run on fake tensors inside Inductor (``with_chosen_kernels``)."""
+    import operator
+
+    q_val, mask_val = _val(call.query), _val(call.mask)
+    head = q_val.size(-1)
+    scale = call.scale
+
+    def first(result):
+        return op(operator.getitem, result, 0)
+
+    unbatched = kernel != MATH and q_val.dim() == 3
+    if unbatched:
+        # torch 2.14's normalize_unbatched_input: a batch dimension in front, taken off the result.
+        mask = call.mask
+        if mask is not None:
+            for _ in range(4 - mask_val.dim()):
+                mask = op(aten.unsqueeze.default, mask, 0)
+            mask_val = _batched(mask_val)
+        call = replace(
+            call, query=op(aten.unsqueeze.default, call.query, 0), key=op(aten.unsqueeze.default, call.key, 0),
+            value=op(aten.unsqueeze.default, call.value, 0), mask=mask,
+        )
+    if kernel == MATH:
+        out = first(op(
+            aten._scaled_dot_product_attention_math.default, call.query, call.key, call.value, call.mask,
+            call.dropout, call.is_causal, None, scale=scale, enable_gqa=call.enable_gqa,
+        ))
+    elif kernel == FLASH:
+        padded = isinstance(head, int) and head % 8 != 0
+        q, k, v = call.query, call.key, call.value
+        if padded:
+            pad = [0, 8 - head % 8]
+            q, k, v = (op(aten.constant_pad_nd.default, t, pad, 0.0) for t in (q, k, v))
+        og_scale = scale if scale is not None else 1.0 / math.sqrt(head) if isinstance(head, int) else None
+        out = first(op(
+            aten._scaled_dot_product_flash_attention.default, q, k, v, call.dropout, call.is_causal, False,
+            scale=og_scale,
+        ))
+        if padded:
+            out = op(aten.slice.Tensor, out, -1, 0, head)
+    elif kernel == EFFICIENT:
+        mask = _mask_for(op, call, mask_val, q_val.dtype, device, pad_bias=True)
+        out = first(op(
+            aten._scaled_dot_product_efficient_attention.default, call.query, call.key, call.value, mask,
+            False, call.dropout, call.is_causal, scale=scale,
+        ))
+    else:
+        mask = _mask_for(op, call, mask_val, q_val.dtype, device, pad_bias=False)
+        out = first(op(
+            aten._scaled_dot_product_cudnn_attention.default, call.query, call.key, call.value, mask,
+            False, call.dropout, call.is_causal, False, scale=scale,
+        ))
+    if unbatched:
+        out = op(aten.squeeze.dim, out, 0)
+    return out
+
+
+def inserted_kernels(target: Target, index: int, found: list):
+    """``aten.scaled_dot_product_attention`` as CUDA runs it, for an SDPA Inductor inserts itself (its
+    ``fuse_attention`` patterns replace an attention written out as matmuls and a softmax): the candidates
+    torch's rules leave for the call are appended to ``found`` (a ``KernelChoice``), and the one at ``index``
+    (the last where there are fewer) is run on the fake tensors, as the composite runs it on the device."""
+
+    def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        call = _Call(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa))
+        choice = _choice_of_call(f"attention Inductor inserts for {list(query.shape)}", call, target)
+        found.append(choice)
+        kernel = choice.candidates[min(index, len(choice.candidates) - 1)]
+        return _kernel_call(lambda target_op, *args, **kwargs: target_op(*args, **kwargs), call, kernel, target.torch_device)
+
+    return attention
 
 
 def _mask_for(op, call: _Call, mask_val: Any, dtype: torch.dtype, device: torch.device, *, pad_bias: bool):

@@ -35,6 +35,8 @@ torch entry point of the CUDA lowering touched:
   the C++ path records (any other index goes to torch as before);
 * ``pad_mm``'s on-device benchmark and what its compute-bound test reads of
   the device (``benchmark_answers``; why: ``strideguard.compiler.padded_matmuls``);
+* ``fuse_attention._scaled_dot_product_attention``, the SDPA Inductor's own
+  patterns insert (``inserted_attention``);
 * ``torch._C._conv_determine_backend_memory_format``, on a build of torch
   without cuDNN, whose fake CUDA convolution would answer for its slow
   fallback kernel (``convolution_formats``).
@@ -328,6 +330,21 @@ def convolution_formats(target: Target, channels_last: bool, found: list) -> Ite
             yield
     finally:
         FakeTensorMode.cache_clear()
+
+
+@contextlib.contextmanager
+def inserted_attention(target: Target, attention: Any) -> Iterator[None]:
+    """For one lowering for ``target`` without its device: the SDPA Inductor's ``fuse_attention`` patterns put
+    in place of an attention written out as matmuls and a softmax runs ``attention`` (the kernel CUDA would
+    choose, ``compiler.attention_kernels.inserted_kernels``), where the composite on a build without CUDA
+    kernels takes the math path whatever the device. A device present chooses itself."""
+    if target.kind != "cuda" or target.present:
+        yield
+        return
+    from torch._inductor.fx_passes import fuse_attention
+
+    with mock.patch.object(fuse_attention, "_scaled_dot_product_attention", attention):
+        yield
 
 
 def is_mm_compute_bound(m: int, k: int, n: int, dtype: torch.dtype, target: Target) -> bool:

@@ -271,27 +271,39 @@ def _lower(
               for scenario in attention_kernels.scenarios(choices)]
     # Each kernel choice lowered with the device's benchmark saying "do not pad"; where a matmul reached that
     # benchmark, each again with it saying "pad" (``compiler.padded_matmuls``); where this build of torch could
-    # not ask cuDNN a convolution's memory format, each again with cuDNN's channels-last.
+    # not ask cuDNN a convolution's memory format, each again with cuDNN's channels-last; where Inductor put
+    # an SDPA in itself whose kernel is undecided, each again with every other candidate.
     decisions: list = []
     convolutions: list = []
-    base = [_lower_for(each, args, kwargs, options, target, found=decisions, convolutions=convolutions) for each in chosen]
+    inserted: list = []
+    base = [
+        _lower_for(each, args, kwargs, options, target, found=decisions, convolutions=convolutions, inserted=inserted)
+        for each in chosen
+    ]
     padded = [_lower_for(each, args, kwargs, options, target, pad=True) for each in chosen] if decisions else []
     relaid = [_lower_for(each, args, kwargs, options, target, channels_last=True) for each in chosen] if convolutions else []
-    merged = _merged(base, padded, relaid)
+    width = max((len(choice.candidates) for choice in inserted), default=1)
+    others = [_lower_for(chosen[0], args, kwargs, options, target, kernel=index) for index in range(1, width)]
+    merged = _merged(base, padded, [*relaid, *others])
     return replace(
-        merged, target=target, kernel_choices=tuple(choices), pad_decisions=tuple(decisions),
-        relaid_convolutions=tuple(dict.fromkeys(convolutions)),
+        merged, target=target, kernel_choices=tuple(choices) + tuple(dict.fromkeys(inserted)),
+        pad_decisions=tuple(decisions), relaid_convolutions=tuple(dict.fromkeys(convolutions)),
     )
 
 
 def _lower_for(
-    module, args, kwargs, options, target: Target, *, pad: bool = False, channels_last: bool = False,
-    found: Optional[list] = None, convolutions: Optional[list] = None,
+    module, args, kwargs, options, target: Target, *, pad: bool = False, channels_last: bool = False, kernel: int = 0,
+    found: Optional[list] = None, convolutions: Optional[list] = None, inserted: Optional[list] = None,
 ) -> Lowering:
-    from . import fake_device
+    """One lowering on fake tensors of ``target``, with the device's own choices answered as given: ``pad``
+    (``pad_mm``'s benchmark), ``channels_last`` (cuDNN's convolution format), ``kernel`` (which candidate an
+    SDPA Inductor inserts runs); what was asked is appended to ``found``, ``convolutions``, ``inserted``."""
+    from . import attention_kernels, fake_device
 
+    attention = attention_kernels.inserted_kernels(target, kernel, [] if inserted is None else inserted)
     with fake_device.lowering_for(target), fake_device.benchmark_answers(target, pad, [] if found is None else found), \
-            fake_device.convolution_formats(target, channels_last, [] if convolutions is None else convolutions):
+            fake_device.convolution_formats(target, channels_last, [] if convolutions is None else convolutions), \
+            fake_device.inserted_attention(target, attention):
         return _lower_once(module, args, kwargs, options)
 
 

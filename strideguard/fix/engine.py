@@ -64,7 +64,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "Plan", "Pushdowns", "make_plan", "apply_plan", "program_plan", "transformed", "fix_graph_in_place",
-    "lower_as_compiled", "with_kept_copies",
+    "lower_as_compiled", "with_stronger_copies",
 ]
 
 
@@ -376,8 +376,9 @@ def transformed(
         return rebuild(program, plan.graph), changed
 
 
-def with_kept_copies(program: ExportedProgram, indices: list[int]) -> ExportedProgram:
-    """A new program whose listed user outputs are copied in ``CopyForm.KEPT``, replacing any weaker copy."""
+def with_stronger_copies(program: ExportedProgram, forms: Mapping[int, CopyForm]) -> ExportedProgram:
+    """A new program whose listed user outputs (``forms``: by index, the form each gets) are copied in that form,
+    replacing any weaker copy."""
     dialect = dialect_of(program)
     orders = target_dim_orders(program)
     with without_garbage_collection():
@@ -386,11 +387,11 @@ def with_kept_copies(program: ExportedProgram, indices: list[int]) -> ExportedPr
         returned = list(output_node.args[0])
         positions = [out.position for out in user_outputs(program.graph_signature)]
         names = output_names(program)
-        for index in indices:
+        for index, form in forms.items():
             node = returned[positions[index]]
             source = copied_source(node) or node
             returned[positions[index]] = insert_copy(
-                graph, source, dialect, orders[index], lambda n: n.meta.get("val"), CopyForm.KEPT, serves=names[index]
+                graph, source, dialect, orders[index], lambda n: n.meta.get("val"), form, serves=names[index]
             )
         output_node.args = (type(output_node.args[0])(returned),)
         record_requested_layouts(graph, program.graph_signature, requested_layouts(program.graph, program.graph_signature))

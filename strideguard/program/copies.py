@@ -15,6 +15,18 @@ involution (float8) gets the ``clone`` alone (``CopyForm.CLONE``); where an
 ATen program has no op copying into the order, the source is permuted, copied
 contiguously and permuted back.
 
+That form holds wherever the source's layout is known when Inductor removes
+no-ops. Where a pass after that re-lays the source (Inductor's ``fuse_attention``
+puts an attention kernel with its own layout in place of matmuls; torch 2.13 then
+propagates layouts afresh and records the output's from them), the ``clone``
+was already dropped and the pair follows the new layout (a conversion to a
+wider dtype and back is no better: Inductor folds the pair). ``CopyForm.PINNED``
+holds there too: the source's dimensions reversed, copied contiguously,
+reversed back and copied into the target order. Neither copy's traced layout
+is its source's, so neither is a no-op, and the last one's layout is its own
+whatever its source's. It costs a second copy, so the closed loop uses it only
+where the first form did not hold (``stronger_form``).
+
 Every node of a copy carries ``COPY_TAG`` with its form, the stack trace and
 module stack of the output it serves, and a name after that output
 (``actions_copy``, ..., ``actions_dense``), so that a loaded program's copies
@@ -32,7 +44,9 @@ from torch.fx import Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from .density import strides_for_order
-from .dialect import aten_op, copies_into, copy_call, Dialect, edge_copy_order, permute_call, spelled_in, value_call
+from .dialect import (
+    aten_op, copies_into, copy_call, Dialect, edge_copy_order, permute_call, permuted_copy_steps, spelled_in, value_call,
+)
 from .fake_values import call_on_fake_values, fresh_like, fresh_strided
 from .naming import node_stem
 from .promises import LAYOUT_TAG
@@ -100,6 +114,21 @@ class CopyForm(str, Enum):
 
     CLONE = "clone"
     KEPT = "kept"
+    PINNED = "pinned"
+
+
+def stronger_form(current: Optional[str], value: torch.Tensor) -> Optional[CopyForm]:
+    """The form the closed loop tries where a copy in ``current`` (a ``CopyForm`` value, ``None``: no copy) of an
+    output traced as ``value`` did not hold: ``KEPT``, then ``PINNED`` where it has two dimensions to reverse;
+    ``None`` when nothing stronger exists."""
+    order = ([CopyForm.KEPT] if involution_call(Dialect.ATEN, value.dtype) is not None else []) + (
+        [CopyForm.PINNED] if value.dim() >= 2 else []
+    )
+    if current in (None, CopyForm.CLONE.value):
+        return order[0] if order else None
+    if current == CopyForm.KEPT.value and CopyForm.PINNED in order:
+        return CopyForm.PINNED
+    return None
 
 
 def copy_form_for(source_value: Any, dialect: Dialect) -> CopyForm:
@@ -174,17 +203,27 @@ def insert_copy(
                 "copy ops write only contiguous and channels-last orders"
             )
         dim_order = same_bytes
+    # The pinned form's detour: reversed, copied contiguously, reversed back (a view of that copy in ATen).
+    reversed_dims = list(range(len(shape)))[::-1]
+    detour = [] if form is not CopyForm.PINNED else permuted_copy_steps(dialect, reversed_dims) + (
+        [(permute_call(dialect), (reversed_dims,), {})] if not dialect.is_edge else permuted_copy_steps(dialect, reversed_dims)
+    )
+
+    def copy_steps(order: tuple[int, ...]) -> tuple[Any, list]:
+        target, kwargs = copy_call(dialect, order)
+        return target, detour + [(target, (), kwargs)] + dense
+
     if copies_into(dialect, dim_order):
-        target, kwargs = copy_call(dialect, dim_order)
+        target, copying = copy_steps(dim_order)
         copied_strides = strides_for_order(shape, dim_order)
-        steps = [(target, (), kwargs)] + dense
+        steps = copying
     else:
         # An ATen program has no op copying into an order without a memory format: lay the permuted source out
         # contiguously, then permute back, a view of that fresh buffer with exactly the strides of ``dim_order``.
         inverse = [list(dim_order).index(dim) for dim in range(len(dim_order))]
-        target, kwargs = copy_call(dialect, tuple(range(len(dim_order))))
+        target, copying = copy_steps(tuple(range(len(dim_order))))
         permute = permute_call(dialect)
-        steps = [(permute, (list(dim_order),), {}), (target, (), kwargs)] + dense + [(permute, (inverse,), {})]
+        steps = [(permute, (list(dim_order),), {})] + copying + [(permute, (inverse,), {})]
         permuted = tuple(shape[dim] for dim in dim_order)
         copied_strides = strides_for_order(permuted, tuple(range(len(dim_order))))
     stem = node_stem(serves) if serves is not None else None

@@ -184,6 +184,15 @@ def permute_call(dialect: Dialect) -> Any:
     return torch.ops.aten.permute.default
 
 
+def permuted_copy_steps(dialect: Dialect, dims: list[int]) -> list[tuple[Any, tuple, dict]]:
+    """Steps (target, arguments, keyword arguments) that copy a tensor contiguously with its dimensions in the
+    order ``dims``: ``permute`` then a contiguous ``clone`` in ATen, ``permute_copy`` (a copy of its own) in Edge."""
+    if dialect.is_edge:
+        return [(_edge_ops().aten.permute_copy.default, (dims,), {})]
+    return [(torch.ops.aten.permute.default, (dims,), {}),
+            (torch.ops.aten.clone.default, (), {"memory_format": torch.contiguous_format})]
+
+
 def narrow_call(dialect: Dialect) -> Any:
     """The op taking ``start:end:step`` of one dimension: a view in ATen, ``slice_copy`` in Edge (which the
     AOTI backends turn back into a view)."""

@@ -9,11 +9,13 @@ strideguard's, may re-lay an output. So the fixed program is lowered again,
 through the same pipeline its compile will run (``aoti_compile_and_package``'s
 for ATen; ``AotiBackend.preprocess``'s view pass, custom passes and
 decomposition table for Edge), and every user output is checked against its
-target layout. An output still out of layout gets its copy in the one form that
-holds whatever layout its source is traced in (``CopyForm.KEPT``), replacing
-any weaker copy, and the program is lowered again. If the strongest form does
-not reach the layout either, ``LayoutNotReached`` names the output and the
-cause: strideguard never returns a program that silently breaks the promise.
+target layout. An output still out of layout gets its copy in the next stronger
+form (``program.copies.stronger_form``: ``CopyForm.KEPT``, which holds whatever
+layout its source is traced in, then ``CopyForm.PINNED``, which holds where
+Inductor re-lays the source after removing no-ops, at the cost of a second copy), replacing any weaker copy,
+and the program is lowered again. If the strongest form does not reach the
+layout either, ``LayoutNotReached`` names the output and the cause: strideguard
+never returns a program that silently breaks the promise.
 """
 
 from __future__ import annotations
@@ -28,17 +30,17 @@ from torch.export import ExportedProgram
 from ..compiler.lowering import LoweredOutput, Lowering
 from ..compiler.targets import LoweringUnavailable
 from ..decide.view_conversion import ConversionPolicy
-from ..fix.engine import transformed, with_kept_copies
+from ..fix.engine import transformed, with_stronger_copies
 from ..program import density
-from ..program.copies import copy_form_of, CopyForm
+from ..program.copies import copy_form_of, stronger_form
 from ..program.exported import output_values, user_outputs
 from ..program.naming import output_names, source_line
 from ..program.promises import kept_outputs, target_dim_orders
 
 logger = logging.getLogger(__name__)
 
-MAX_ROUNDS = 3
-"""Lowerings of the fixed program at most: one to check, one after strengthening copies, one spare."""
+MAX_ROUNDS = 4
+"""Lowerings of the fixed program at most: one to check, one after each strengthening of a copy, one spare."""
 
 
 @dataclass(frozen=True)
@@ -134,16 +136,15 @@ def prove_layouts(
                 )
             fixed.graph_module.meta[PROOF_KEY] = proof
             return fixed, proof
+        stronger = {index: _stronger(fixed, index) for index, _, _ in wrong}
         unreachable = [
-            _unreached(fixed, index, lowered, order, lowering)
-            for index, lowered, order in wrong
-            if copy_form_of(output_values(fixed.graph)[_position(fixed, index)]) == CopyForm.KEPT.value
+            _unreached(fixed, index, lowered, order, lowering) for index, lowered, order in wrong if stronger[index] is None
         ]
         if unreachable or round_number == max_rounds:
             raise LayoutNotReached(tuple(unreachable) or tuple(
                 _unreached(fixed, index, lowered, order, lowering) for index, lowered, order in wrong
             ))
-        fixed = with_kept_copies(fixed, [index for index, _, _ in wrong])
+        fixed = with_stronger_copies(fixed, stronger)
         strengthened += [index for index, _, _ in wrong if index not in strengthened]
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -223,6 +224,12 @@ def _unproven(lowering: Lowering, keeps_kernel_memory: bool) -> tuple[tuple[int,
     )
 
 
+def _stronger(program: ExportedProgram, index: int):
+    """The copy form to try next for user output ``index`` (``None``: its copy is the strongest there is)."""
+    node = output_values(program.graph)[_position(program, index)]
+    return stronger_form(copy_form_of(node), node.meta["val"])
+
+
 def _position(program: ExportedProgram, index: int) -> int:
     return user_outputs(program.graph_signature)[index].position
 
@@ -245,7 +252,7 @@ def _out_of_layout(program: ExportedProgram, lowering: Lowering) -> list[tuple[i
 
 def _unreached(program: ExportedProgram, index: int, lowered: LoweredOutput, order: tuple, lowering: Lowering) -> Unreached:
     node = output_values(program.graph)[_position(program, index)]
-    if copy_form_of(node) == CopyForm.KEPT.value:
+    if copy_form_of(node) is not None and stronger_form(copy_form_of(node), node.meta["val"]) is None:
         by = f"{lowering.backend}'s own passes or Inductor" if lowering.backend else "Inductor"
         cause = f"{by} re-lay it after strideguard's strongest copy"
     elif copy_form_of(node) is not None:
