@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.strideguard-installed
 
-.PHONY: demo check test test-long test-torch2.14 test-robots rehearse-gpu bench zoo fuzz clean
+.PHONY: demo check test test-long test-torch2.15 test-torch2.14 test-robots rehearse-gpu bench zoo fuzz clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,19 +49,36 @@ fuzz: $(STAMP)
 	$(PY) -m pytest -q -m long tests/test_generated_regressions.py
 	$(PY) -m pytest -q tests/test_generated.py --fuzz-minutes=$(FUZZ_MINUTES) $(if $(FUZZ_SEED),--fuzz-seed=$(FUZZ_SEED))
 
-# The second lane: the newest torch served here (2.14.1), without ExecuTorch, as a plain
+# The second lane: the newest torch served here (2.15.0), without ExecuTorch, as a plain
 # AOTInductor user runs strideguard; the ExecuTorch tests are skipped, each with its reason.
-LANE2 := .venv-torch2.14
+LANE2 := .venv-torch2.15
 LANE2_STAMP := $(LANE2)/.strideguard-installed
 
-$(LANE2_STAMP): pyproject.toml constraints-torch2.14.txt
+$(LANE2_STAMP): pyproject.toml constraints-torch2.15.txt
 	test -x $(LANE2)/bin/python || $(PYTHON) -m venv $(LANE2)
 	PYTHONWARNINGS=ignore $(LANE2)/bin/python -m pip install -q --upgrade pip
-	PYTHONWARNINGS=ignore $(LANE2)/bin/python -m pip install -q -c constraints-torch2.14.txt -e '.[cuda,dev,zoo,plot]'
+	PYTHONWARNINGS=ignore $(LANE2)/bin/python -m pip install -q -c constraints-torch2.15.txt -e '.[cuda,dev,zoo,plot]'
 	touch $(LANE2_STAMP)
 
-test-torch2.14: $(LANE2_STAMP)
+test-torch2.15: $(LANE2_STAMP)
 	$(LANE2)/bin/python -m pytest -q $(PARALLEL) -m "not long"
+
+# The minor between lanes 1 and 2 (torch 2.14.1, no ExecuTorch), kept tested where strideguard reads torch's
+# internals: the fake device's CUDA lowering, the decisions left to the device, the lowerings that changed
+# between minors and the proofs. The rest of the suite does not depend on the minor.
+LANE214 := .venv-torch2.14
+LANE214_STAMP := $(LANE214)/.strideguard-installed
+TORCH_INTERNALS_TESTS := tests/test_device_lowering.py tests/test_decided_on_the_device.py \
+	tests/test_torch_versions.py tests/test_proven.py
+
+$(LANE214_STAMP): pyproject.toml constraints-torch2.14.txt
+	test -x $(LANE214)/bin/python || $(PYTHON) -m venv $(LANE214)
+	PYTHONWARNINGS=ignore $(LANE214)/bin/python -m pip install -q --upgrade pip
+	PYTHONWARNINGS=ignore $(LANE214)/bin/python -m pip install -q -c constraints-torch2.14.txt -e '.[cuda,dev,zoo,plot]'
+	touch $(LANE214_STAMP)
+
+test-torch2.14: $(LANE214_STAMP)
+	$(LANE214)/bin/python -m pytest -q $(PARALLEL) -m "not long" $(TORCH_INTERNALS_TESTS)
 
 # The third lane: LeRobot's policies in the zoo (tests/robots.py). LeRobot needs Python 3.12: the newest
 # 3.12 pyenv has, else python3.12 on the PATH. Its own pins (torch<2.12) are not taken: --no-deps.
@@ -102,4 +119,4 @@ rehearse-gpu: $(GPU_STAMP)
 	PYTHON=$(GPU_ENV)/bin/python STRIDEGUARD_REHEARSE_ON_CPU=1 bash bench/gpu.sh
 
 clean:
-	rm -rf $(VENV) $(LANE2) $(LANE3) $(GPU_ENV) build *.egg-info
+	rm -rf $(VENV) $(LANE2) $(LANE214) $(LANE3) $(GPU_ENV) build *.egg-info

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -49,8 +50,10 @@ from .program.loading.errors import one_line
 from .program.records import LayoutReport, VerifyReport
 from .prove.isolation import ChildFailed, DEFAULT_SECONDS, LimitExceeded, Limits, run_isolated
 from .prove.proof import Proof, PROOF_KEY
-from .prove.verification import verify as verify_program
-from .tables import BLOCKS, layout_shapes, literal, NARROW, print_fitted, verify_shapes
+from .prove.verification import reference_difference, verify as verify_program
+from .tables import (
+    BLOCKS, layout_shapes, literal, NARROW, plain_console, print_fitted, shown_source, SOURCE_LINE_SHOWN, verify_shapes,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -204,11 +207,11 @@ def _report_error(message: str, json_output: bool) -> None:
 
 def _stdout() -> Console:
     """The console for results: a terminal's own width; piped, ``COLUMNS`` when set, else wide enough for the
-    whole tables. No ``:name:`` emoji codes: text from a file is shown as it is (``literal``)."""
-    console = Console(emoji=False)
+    whole tables. Text from a file is shown as it is (``tables.plain_console``)."""
+    console = plain_console()
     if console.is_terminal or os.environ.get("COLUMNS", "").isdigit():
         return console
-    return Console(width=160, emoji=False)
+    return plain_console(width=160)
 
 
 
@@ -221,7 +224,7 @@ def _print_layout(console: Console, title: str, report: LayoutReport, wide: bool
     shown = print_fitted(console, layout_shapes(title, report), wide)
     for output in report.outputs if shown == NARROW else ():  # the columns the narrower table left out
         if output.cause or output.source_line:
-            made = f" (at {literal(output.source_line)})" if output.source_line else ""
+            made = f" (at {literal(shown_source(output.source_line, SOURCE_LINE_SHOWN))})" if output.source_line else ""
             console.print(f"  {literal(output.name)}: {literal(output.cause or '-')}{made}")
     for symbol, meaning in report.symbols:
         console.print(f"  {literal(symbol)}: {literal(meaning)}")
@@ -367,7 +370,7 @@ def _print_copied(console: Console, copied: list[tuple[str, Optional[str]]]) -> 
     console.print(f"copied {len(copied)} output{'s' if len(copied) != 1 else ''}: {names}")
     for name, line in copied:
         if line:
-            console.print(f"  {literal(name)}: made at {literal(line)}")
+            console.print(f"  {literal(name)}: made at {literal(shown_source(line, SOURCE_LINE_SHOWN))}")
 
 
 def _proven(proof: Proof) -> str:
@@ -388,7 +391,7 @@ def _proven(proof: Proof) -> str:
 def _spinner(what: str) -> Iterator[None]:
     """A spinner with the elapsed time on stderr while a long step runs; none where stderr is not a terminal
     (a transient display still leaves a blank line there, and an error must be the one line)."""
-    console = Console(stderr=True, emoji=False)
+    console = plain_console(stderr=True)
     if not console.is_terminal:
         yield
         return
@@ -428,6 +431,23 @@ def compile_command(
     raise typer.Exit(0)
 
 
+SMALLEST_LIMIT = 0.001
+"""The smallest ``--timeout`` (seconds) or ``--memory`` (GiB) ``verify`` takes: a millisecond, a mebibyte."""
+
+
+def _limit(unit: str):
+    """The check of a numeric option, run as the option is read, before anything else: a finite number of
+    ``unit`` of at least ``SMALLEST_LIMIT``. Click's ``min=`` let ``nan`` and ``inf`` through (every comparison
+    with ``nan`` is false), and ``--memory inf`` then failed converting to bytes, with a traceback."""
+
+    def check(context: typer.Context, parameter: typer.CallbackParam, value: Optional[float]) -> Optional[float]:
+        if value is not None and not (math.isfinite(value) and value >= SMALLEST_LIMIT):
+            raise typer.BadParameter(f"{value:g} is not a number of {unit} from {SMALLEST_LIMIT:g} up")
+        return value
+
+    return check
+
+
 @app.command()
 def verify(
     program: ProgramFile,
@@ -443,7 +463,10 @@ def verify(
     ] = None,
     timeout: Annotated[
         float,
-        typer.Option("--timeout", help="Stop the check after this many seconds (it runs in a child process).", min=0.001),
+        typer.Option(
+            "--timeout", help="Stop the check after this many seconds (it runs in a child process).",
+            callback=_limit("seconds"),
+        ),
     ] = DEFAULT_SECONDS,
     memory: Annotated[
         Optional[float],
@@ -451,7 +474,7 @@ def verify(
             "--memory",
             help="Stop the check when its process holds more than this many GiB [default: three quarters of this "
             "machine's memory].",
-            min=0.001,
+            callback=_limit("GiB"),
             show_default=False,
         ),
     ] = None,
@@ -470,9 +493,13 @@ def verify(
     with _running("verify", debug, json_output):
         # Read here first, as inspect reads: a file the loader refuses is refused in a fraction of a second,
         # before a child pays torch's import; the child reads it again, from the same bytes on disk.
-        load_program(program)
+        loaded = load_program(program)
         if reference is not None:
-            load_program(reference)
+            # The reference is run on the program's inputs: one that takes or returns other shapes is refused
+            # here, before anything runs (it would read past the inputs' memory in the child).
+            difference = reference_difference(loaded, load_program(reference))
+            if difference is not None:
+                raise ProgramFileError(reference, f"not a reference for {program}: {difference}")
         with _spinner(f"compiling {program.name} with AOTInductor on {device.value} and running it"):
             measured = run_isolated(
                 _verify_file, str(program), None if reference is None else str(reference), device.value,

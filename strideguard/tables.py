@@ -11,7 +11,7 @@ here, and every text that came from a file is escaped (``literal``).
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from rich.console import Console, Group, RenderableType
 from rich.markup import escape
@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .program.loading.errors import one_line
-from .program.records import CELLS, LayoutReport, OutputCheck, OutputLayout, shortened, VerifyReport
+from .program.records import CELLS, LayoutReport, OutputCheck, OutputLayout, SOURCE_SHOWN, VerifyReport
 
 LAYOUT_NARROW = ("#", "name", "shape", "dtype", "strides", "layout", "fix")
 """The columns of ``inspect``'s table that a narrower terminal still gets (``CELLS`` is the whole row)."""
@@ -30,6 +30,15 @@ VERIFY_COLUMNS = (
 VERIFY_NARROW = ("#", "name", "strides returned", "layout", "equal")
 
 
+def plain_console(**options: Any) -> Console:
+    """A console that prints text from a file as it is and in time linear in its length: no ``:name:`` emoji
+    codes, and no highlighting. rich's default highlighter colours what looks like numbers, paths and
+    identifiers by regular expressions, one of which (its hexadecimal run) backtracks quadratically over a
+    long word: 16,000 ``f``s of a stack trace's file name took 3.9 s to print, a 1 MiB one hours. The tables
+    colour what they mean to with markup."""
+    return Console(emoji=False, highlight=False, **options)
+
+
 def literal(text: object) -> str:
     """Text from a file or an argument (a path, a name, a message), for rich: its markup escaped and every
     control, format or bidirectional character shown as an escape (``\\x1b``, ``\\u202e``), so that
@@ -37,11 +46,34 @@ def literal(text: object) -> str:
     return escape(one_line(str(text)))
 
 
+SOURCE_WHERE_SHOWN = 256
+"""Characters of a source line's file name and line number a report prints (a file name is at most 255
+bytes on the file systems Python runs on); the record and the JSON keep it whole."""
+SOURCE_LINE_SHOWN = 200
+"""Characters of a source line's code printed on a line of its own (a table cell shows ``SOURCE_SHOWN``)."""
+
+
+def shown_source(source: str, code_shown: int = SOURCE_SHOWN) -> str:
+    """A source line as a report prints it: its file name and line number cut to ``SOURCE_WHERE_SHOWN``
+    characters and its code to ``code_shown``, each ending in ``…`` where cut.
+
+    A stack trace a file carries may hold a megabyte in one frame's file name or code, and rich's markup
+    escape and parser, which every printed line goes through, each cost the square of a run of backslashes
+    (16,000 took 2 s, a megabyte would take hours); cut, a source line costs rich a constant."""
+    where, separator, code = source.partition("  ")
+    where = where if len(where) <= SOURCE_WHERE_SHOWN else where[: SOURCE_WHERE_SHOWN - 1] + "…"
+    code = code if len(code) <= code_shown else code[: code_shown - 1] + "…"
+    return f"{where}{separator}{code}"
+
+
 _COLOURED = {"copy": "[yellow]copy[/]", "no": "[red]no[/]", "unknown": "[yellow]unknown[/]"}
 
 
 def _layout_cells(output: OutputLayout, names: Sequence[str]) -> dict[str, str]:
-    cells = {column: _COLOURED.get(value, literal(value)) for column, value in output.cells(names).items()}
+    texts = output.cells(names)
+    if output.source_line:  # cut before it is escaped: rich's escape, too, is quadratic in a run of backslashes
+        texts["source"] = shown_source(output.source_line)
+    cells = {column: _COLOURED.get(value, literal(value)) for column, value in texts.items()}
     colour = "green" if output.ok else "yellow" if output.in_target_layout is None else "red"
     cells["#"] = f"[{'green' if output.ok else 'red'}]{cells['#']}[/]"
     cells["layout"] = f"[{colour}]{cells['layout']}[/]"
@@ -61,7 +93,7 @@ def _check_cells(check: OutputCheck, referenced: bool, names: Sequence[str]) -> 
         "equal": "yes" if check.match else "[red]no[/]",
         "as predicted": _as_predicted(check),
         "aliases": literal(", ".join(alias.said(names) for alias in check.aliases)) if check.aliases else "-",
-        "source": literal(shortened(check.source_line)) if check.source_line else "-",
+        "source": literal(shown_source(check.source_line)) if check.source_line else "-",
     }
     if referenced:
         cells["|err| vs reference"] = f"{check.reference_error:g}" if check.reference_error is not None else "-"
@@ -131,9 +163,8 @@ def print_fitted(console: Console, shapes: Sequence[RenderableType], wide: bool)
     width = natural_width(console, chosen)
     if wide and width > console.width:
         # The whole table with each cell on one line however narrow the terminal: --wide asked for it.
-        wider = Console(
-            file=console.file, width=width, emoji=False, color_system=console.color_system,
-            force_terminal=console.is_terminal,
+        wider = plain_console(
+            file=console.file, width=width, color_system=console.color_system, force_terminal=console.is_terminal,
         )
         wider.print(chosen)
     else:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from strideguard.examples import export_policy
+from strideguard.program.loading import limits
 
 MARKER_MODULE = "strideguard_marker_module"
 """A module whose import creates the marker: what a file that makes torch import modules could run."""
@@ -660,6 +661,72 @@ def _duplicate_key(member: str, data: bytes) -> bytes:
     if member != "models/model.json":
         return data
     return data.replace(b'"guards_code": []', b'"guards_code": [], "guards_code": ["True"]', 1)
+
+
+# --- hostile files the loader admits ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A hostile file with nothing in it the loader must refuse, whose cost its author controls all the same:
+    every reading of it must cost time linear in its size (``tests/test_linear_text.py``)."""
+
+    name: str
+    kind: str
+    make: Callable[[Workshop, pathlib.Path], pathlib.Path]
+    source_line: str
+    """What ``inspect`` must report as the returned node's source line, whole."""
+
+
+LONG_TRACE_UNIT = 'File "a", line 1, in '
+
+
+def long_trace(characters: int) -> str:
+    """The stack trace of issue 45 (round four): a frame header repeated on one line, at most ``characters``
+    long. A pattern searched over it backtracks to the line's end from every ``File "`` (minutes at 1 MiB)."""
+    return LONG_TRACE_UNIT * (characters // len(LONG_TRACE_UNIT))
+
+
+def _returned_node_trace(trace: str) -> Callable[[dict], None]:
+    """The program's first returned value made by a node whose stack trace is ``trace``."""
+
+    def change(program: dict) -> None:
+        returned = graph(program)["outputs"][0]["as_tensor"]["name"]
+        [maker] = [n for n in graph(program)["nodes"] if any(o.get("as_tensor", {}).get("name") == returned for o in n["outputs"])]
+        maker["metadata"]["stack_trace"] = trace
+
+    return change
+
+
+def _long_file_name(name: str) -> str:
+    """A trace of one frame whose file is ``name``, under a line of code."""
+    return f'  File "{name}", line 7, in forward\n    y = x[:, :3]\n'
+
+
+def _admitted_cases() -> list[Admitted]:
+    largest = limits.MAX_METADATA_TEXT
+    spare = largest - len(_long_file_name(""))
+    return [
+        Admitted(
+            "stack-trace-one-long-line", "text read by a backtracking pattern",
+            lambda w, m: w.edit_program("stack-trace-one-long-line", _returned_node_trace(long_trace(largest))),
+            source_line="a:1",
+        ),
+        Admitted(
+            "stack-trace-hexadecimal-file-name", "text printed through rich's highlighter",
+            lambda w, m: w.edit_program("stack-trace-hexadecimal-file-name", _returned_node_trace(_long_file_name("f" * spare))),
+            source_line="f" * spare + ":7  y = x[:, :3]",
+        ),
+        Admitted(
+            "stack-trace-backslash-file-name", "text printed through rich's markup parser",
+            lambda w, m: w.edit_program("stack-trace-backslash-file-name", _returned_node_trace(_long_file_name("\\" * spare))),
+            source_line="\\" * spare + ":7  y = x[:, :3]",
+        ),
+    ]
+
+
+ADMITTED = _admitted_cases()
+"""Hostile files every verb must read, each in time linear in its size."""
 
 
 # --- showing that plain torch runs the payloads ---------------------------------------------------------------

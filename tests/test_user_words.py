@@ -204,13 +204,15 @@ def test_the_layout_asked_for_is_planned_recorded_and_read_back_after_a_save(tmp
     report = strideguard.inspect(fixed)
     image, rows, pooled = report.outputs
     assert image.target_dim_order == (0, 2, 3, 1) and image.strides == (512, 1, 64, 8) and image.ok
-    assert rows.reason is Reason.KEPT and rows.verdict == "kept as compiled" and rows.strides == (512, 1, 64)
+    # read back from the saved file, the request is the file's
+    assert rows.reason is Reason.KEPT_BY_FILE and rows.verdict == "kept as compiled, as the file asks"
+    assert rows.strides == (512, 1, 64)
     assert pooled.target_dim_order == (1, 0) and pooled.strides == (1, 2) and pooled.ok
     assert pooled.cause.startswith("copied: "), "a copy ending in a permutation is still named a copy"
     torch.export.save(fixed, tmp_path / "fixed.pt2")
     again = strideguard.inspect(torch.export.load(tmp_path / "fixed.pt2"))
     assert [o.target_dim_order for o in again.outputs] == [o.target_dim_order for o in report.outputs]
-    assert again.ok and again.outputs[1].reason is Reason.KEPT
+    assert again.ok and again.outputs[1].reason is Reason.KEPT_BY_FILE
     assert strideguard.inspect(program).outputs[0].target_dim_order == (0, 1, 2, 3), "the input is untouched"
     twice = strideguard.densify_outputs(fixed)
     assert [n.name for n in twice.graph.nodes] == [n.name for n in fixed.graph.nodes], "fixing again adds nothing"

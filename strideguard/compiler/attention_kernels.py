@@ -401,7 +401,8 @@ def _kernel_call(op, call: _Call, kernel: str, device: torch.device):
         if padded:
             pad = [0, 8 - head % 8]
             q, k, v = (op(aten.constant_pad_nd.default, t, pad, 0.0) for t in (q, k, v))
-        og_scale = scale if scale is not None else 1.0 / math.sqrt(head) if isinstance(head, int) else None
+        # ``calculate_scale``'s 1 / sqrt(head) in C++ floats: an empty head dimension scales by infinity
+        og_scale = scale if scale is not None else (1.0 / math.sqrt(head) if head else math.inf) if isinstance(head, int) else None
         out = first(op(
             aten._scaled_dot_product_flash_attention.default, q, k, v, call.dropout, call.is_causal, False,
             scale=og_scale,

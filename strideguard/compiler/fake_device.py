@@ -3,17 +3,20 @@
 Inductor's CUDA lowering needs no GPU up to the point where every output's
 layout is fixed (``GraphLowering.output``): it traces fake tensors. What it
 does need is answers a CUDA runtime would give, asked in a few private
-places. This module gives them, for the duration of one lowering and under a
-lock (they are process-wide), and nowhere else in strideguard is a private
-torch entry point of the CUDA lowering touched:
+places. This module gives them, for the duration of one lowering, in the
+thread that lowers only (every other thread sees torch as it was: each
+patched name answers by the calling thread), one lowering at a time (a lock:
+the others wait), undone whatever interrupts them (``patched``); nowhere else
+in strideguard is a private torch entry point of the CUDA lowering touched:
 
 * ``torch.cuda.get_device_properties``/``get_device_capability``/
   ``is_bf16_supported``/``device_count``/``current_device`` and the same on
   Dynamo's ``CudaInterface``, which captured them at import: a device of the
   target's compute capability (``torch.cuda.is_available`` stays ``False``,
   or AOTAutograd would save CUDA random-number state);
-* ``torch._inductor.runtime.hints.DeviceProperties.create``'s cache, cleared
-  before and after, so no later compile sees the assumed device;
+* ``torch._inductor.runtime.hints.DeviceProperties.create``, asked afresh
+  (past its cache) in the lowering thread, so no other compile sees the
+  assumed device nor the lowering another's;
 * ``fx_passes.misc_patterns._misc_patterns_init``, which traces example
   patterns with real tensors on the input's device: traced on the CPU (the
   patterns do not depend on it);
@@ -41,10 +44,13 @@ torch entry point of the CUDA lowering touched:
   without cuDNN, whose fake CUDA convolution would answer for its slow
   fallback kernel (``convolution_formats``).
 
-Two options change what is compiled, both per call: the uniform-value
+Three options change how it is compiled, each per call: the uniform-value
 constant folder builds real tensors on the device, so it is off
 (``joint_graph_constant_folding``; it only turns a constant-valued
-computation into a ``full``); the FX graph cache is off, as for the CPU.
+computation into a ``full``); the FX graph cache is off, as for the CPU; one
+compile thread (``compile_threads``), since ``compile_fx`` wakes its pool of
+compile workers for any CUDA input, and a lowering compiles nothing (the pool
+cost 4.5 s and 430 MB a call, and outlived it).
 
 Where a GPU of the target's capability is present, nothing is patched: the
 same fake tensors are lowered with the real device's answers.
@@ -56,25 +62,37 @@ back to copying, reported.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import inspect
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
-from unittest import mock
+import inspect
 
 import torch
 from torch.fx import GraphModule
 
 from .targets import LoweringUnavailable, Target
 
-CHECKED_ON = ("2.13", "2.14")
+CHECKED_ON = ("2.13", "2.14", "2.15")
 """torch versions (major.minor) whose CUDA lowering ran here with these patches (torch 2.13.0 CPU build with
-Triton 3.7.1; torch 2.14.1 CUDA build, no GPU, with Triton 3.8.0)."""
+Triton 3.7.1; torch 2.14.1 and 2.15.0 CUDA builds, no GPU, with Triton 3.8.0 and 3.9.0): every private entry
+point above exists in each, with the same signature (read in their sources; the suite runs on each)."""
 
-OPTIONS = {"joint_graph_constant_folding": False}
+OPTIONS = {"joint_graph_constant_folding": False, "compile_threads": 1}
 """Inductor options for a lowering on fake device tensors (see the module's docstring)."""
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
+"""One lowering at a time in the process (``one_lowering``): the patches below, and the program's fake mode that
+a lowering enters, are process-wide state; a second caller waits."""
+
+
+@contextlib.contextmanager
+def one_lowering() -> Iterator[None]:
+    """Hold the process's one lowering slot for a whole lowering, whatever its target."""
+    with _LOCK:
+        yield
 
 
 def require_supported(target: Target) -> None:
@@ -117,17 +135,92 @@ class _Properties:
 
 @contextlib.contextmanager
 def lowering_for(target: Target) -> Iterator[None]:
-    """Patch what Inductor's lowering for ``target`` asks of a device that is not here, for one lowering."""
+    """Patch what Inductor's lowering for ``target`` asks of a device that is not here, for one lowering, in
+    the calling thread only (``_for_this_thread``); one lowering at a time (the others wait)."""
     require_supported(target)
     if target.is_cpu or target.present:
         yield
         return
-    with _LOCK, contextlib.ExitStack() as stack:
-        for patch in _patches(target):
-            stack.enter_context(patch)
-        _clear_device_caches()
-        stack.callback(_clear_device_caches)
+    with _LOCK, patched(_patches(target)):
         yield
+
+
+class _Patch:
+    """``obj.name`` answered by ``replacement`` in the thread that applies it, as before in every other."""
+
+    def __init__(self, obj: Any, name: str, replacement: Any):
+        self.obj, self.name, self.replacement = obj, name, replacement
+
+
+_THIS_THREAD = threading.local()
+
+
+def _owned(patch: _Patch) -> bool:
+    return patch in getattr(_THIS_THREAD, "patches", ())
+
+
+def _dispatcher(patch: _Patch, original: Any) -> Any:
+    """What ``obj.name`` is while patched: the replacement in the thread that patched, the original elsewhere
+    (a static or class method stays one)."""
+    kind = type(original) if isinstance(original, (staticmethod, classmethod)) else None
+    before = original.__func__ if kind is not None else original
+    after = patch.replacement.__func__ if isinstance(patch.replacement, (staticmethod, classmethod)) else patch.replacement
+
+    def answer(*args, **kwargs):
+        return (after if _owned(patch) else before)(*args, **kwargs)
+
+    return kind(answer) if kind is not None else answer
+
+
+@contextlib.contextmanager
+def patched(patches: list) -> Iterator[None]:
+    """Apply ``patches`` (``_Patch``) for the calling thread, and undo them whatever interrupts: each original is
+    recorded before it is replaced and put back in a ``finally`` of this frame, not by a context manager that
+    may not have registered its exit; no dispatch mode entered meanwhile is left on this thread's stack."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    depth = len(_get_current_dispatch_mode_stack())
+    applied: list = []
+    mine = getattr(_THIS_THREAD, "patches", None)
+    if mine is None:
+        mine = _THIS_THREAD.patches = set()
+    try:
+        for patch in patches:
+            original = inspect.getattr_static(patch.obj, patch.name)
+            applied.append((patch, original))
+            mine.add(patch)
+            setattr(patch.obj, patch.name, _dispatcher(patch, original))
+        yield
+    finally:
+        try:
+            _undo(applied, mine, depth)
+        finally:  # an interrupt during the first undo: undone again (each step is idempotent)
+            _undo(applied, mine, depth)
+
+
+def _undo(applied: list, mine: set, depth: int) -> None:
+    """Every original put back, in C (``setattr`` mapped over the list: no Python line runs between two, where
+    an interrupt could land), then this thread's claim on the patches dropped and its dispatch modes left."""
+    restored = list(reversed(applied))
+    collections.deque(map(setattr, [p.obj for p, _ in restored], [p.name for p, _ in restored],
+                          [original for _, original in restored]), maxlen=0)
+    mine.difference_update(patch for patch, _ in restored)
+    _leave_dispatch_modes(depth)
+
+
+def _leave_dispatch_modes(depth: int) -> None:
+    """Exit the dispatch modes above ``depth`` on this thread's stack (an interrupt between a mode's entry and
+    the ``with`` that would exit it leaves one there, and every later op in the thread would be faked)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode
+
+    while len(_get_current_dispatch_mode_stack()) > depth:
+        mode = _get_current_dispatch_mode_stack()[-1]
+        try:
+            mode.__exit__(None, None, None)
+        except Exception:  # noqa: BLE001 - a mode that cannot exit cleanly is popped as it is
+            _pop_mode(getattr(mode, "_mode_key", None))
+        if _get_current_dispatch_mode_stack()[-1:] == [mode]:
+            _pop_mode(getattr(mode, "_mode_key", None))
 
 
 def _patches(target: Target) -> list:
@@ -152,15 +245,21 @@ def _patches(target: Target) -> list:
         "is_triton_capable": lambda *args, **kwargs: True,
     }
     patterns_init = misc_patterns._misc_patterns_init
+    from torch._inductor.runtime.hints import DeviceProperties
+
+    uncached = inspect.getattr_static(DeviceProperties, "create").__func__
+    uncached = getattr(uncached, "__wrapped__", uncached)
     return [
-        *(mock.patch.object(torch.cuda, name, answer) for name, answer in answers.items()),
-        *(mock.patch.object(CudaInterface, name, staticmethod(answer)) for name, answer in interface.items()),
-        mock.patch.object(misc_patterns, "_misc_patterns_init", lambda input_device=None: patterns_init(torch.device("cpu"))),
-        mock.patch.object(scheduler, "has_triton", lambda *args, **kwargs: True),
-        mock.patch.object(inductor_graph, "is_same_tensor", _same_fake_tensor),
-        mock.patch.object(FakeTensor, "tolist", _real_values("tolist", FakeTensor.tolist)),
-        mock.patch.object(FakeTensor, "item", _real_values("item", FakeTensor.item)),
-        mock.patch.object(FakeTensor, "__getitem__", _basic_indexing(FakeTensor.__getitem__)),
+        *(_Patch(torch.cuda, name, answer) for name, answer in answers.items()),
+        *(_Patch(CudaInterface, name, staticmethod(answer)) for name, answer in interface.items()),
+        # Inductor remembers a device's properties; in this thread they are the assumed device's, asked afresh.
+        _Patch(DeviceProperties, "create", classmethod(uncached)),
+        _Patch(misc_patterns, "_misc_patterns_init", lambda input_device=None: patterns_init(torch.device("cpu"))),
+        _Patch(scheduler, "has_triton", lambda *args, **kwargs: True),
+        _Patch(inductor_graph, "is_same_tensor", _same_fake_tensor),
+        _Patch(FakeTensor, "tolist", _real_values("tolist", FakeTensor.tolist)),
+        _Patch(FakeTensor, "item", _real_values("item", FakeTensor.item)),
+        _Patch(FakeTensor, "__getitem__", _basic_indexing(FakeTensor.__getitem__)),
     ]
 
 
@@ -168,14 +267,6 @@ def sdp_priority_order() -> list[int]:
     """The order in which torch tries SDPA kernels (``SDPBackend`` numbers), as ``sdpa_kernel(...,
     set_priority=True)`` leaves it: read by ``strideguard.compiler.attention_kernels``."""
     return list(torch._C._get_sdp_priority_order())
-
-
-def _clear_device_caches() -> None:
-    from torch._inductor.runtime.hints import DeviceProperties
-
-    create = getattr(DeviceProperties.create, "cache_clear", None)
-    if create is not None:
-        create()
 
 
 def _same_fake_tensor(data: torch.Tensor, value: torch.Tensor) -> bool:
@@ -253,20 +344,18 @@ def benchmark_answers(target: Target, pad: bool, found: list) -> Iterator[None]:
         return result
 
     patches = [
-        mock.patch.object(pad_mm, "_should_pad", answered_should_pad),
-        mock.patch.object(pad_mm, "get_cached_should_pad", benchmark_answer),
+        _Patch(pad_mm, "_should_pad", answered_should_pad),
+        _Patch(pad_mm, "get_cached_should_pad", benchmark_answer),
     ]
     if not target.present:
         # A device of the target's kind has Triton; without the device, the figures its test reads are assumed.
-        patches.append(mock.patch.object(pad_mm, "has_triton", lambda *args, **kwargs: True))
+        patches.append(_Patch(pad_mm, "has_triton", lambda *args, **kwargs: True))
         figures = _Figures(target.capability)
         patches += [
-            mock.patch.object(inductor_utils, "get_device_tflops", figures.tflops),
-            mock.patch.object(inductor_utils, "get_gpu_dram_gbps", figures.dram_gbps),
+            _Patch(inductor_utils, "get_device_tflops", figures.tflops),
+            _Patch(inductor_utils, "get_gpu_dram_gbps", figures.dram_gbps),
         ]
-    with contextlib.ExitStack() as stack:
-        for patch in patches:
-            stack.enter_context(patch)
+    with patched(patches):
         yield
 
 
@@ -326,7 +415,7 @@ def convolution_formats(target: Target, channels_last: bool, found: list) -> Ite
     # otherwise before must be asked again, and what is answered here must not be remembered after.
     FakeTensorMode.cache_clear()
     try:
-        with mock.patch.object(torch._C, "_conv_determine_backend_memory_format", determine):
+        with patched([_Patch(torch._C, "_conv_determine_backend_memory_format", determine)]):
             yield
     finally:
         FakeTensorMode.cache_clear()
@@ -343,7 +432,7 @@ def inserted_attention(target: Target, attention: Any) -> Iterator[None]:
         return
     from torch._inductor.fx_passes import fuse_attention
 
-    with mock.patch.object(fuse_attention, "_scaled_dot_product_attention", attention):
+    with patched([_Patch(fuse_attention, "_scaled_dot_product_attention", attention)]):
         yield
 
 

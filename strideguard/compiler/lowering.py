@@ -257,6 +257,13 @@ def _lower(
             f"strideguard: torch {torch.__version__}'s Inductor has no {_HOOK} hook; "
             "the lowering oracle cannot stop before code generation"
         )
+    from . import fake_device
+
+    with fake_device.one_lowering():
+        return _lower_holding(module, args, kwargs, inductor_configs, target, fake_mode)
+
+
+def _lower_holding(module, args, kwargs, inductor_configs, target: Target, fake_mode) -> Lowering:
     if target.is_cpu:
         return replace(_lower_once(module, args, kwargs, inductor_configs or {}), target=target)
     from . import attention_kernels, fake_device

@@ -26,6 +26,12 @@ DEFAULT_CUDA_CAPABILITY = (9, 0)
 KINDS = ("cpu", "cuda", "mps")
 
 _CAPABILITY = re.compile(r"^sm_?(\d+)(\d)$")
+
+CUDA_CAPABILITIES = (
+    (7, 0), (7, 2), (7, 5), (8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1),
+)
+"""The compute capabilities a lowering can be for: NVIDIA's GPUs from Volta on (Inductor's CUDA path needs
+Triton, which needs sm70 or newer), as CUDA 12.8 and 13 name them."""
 """``sm87``, ``sm_90``, ``sm100``: the last digit is the minor version (NVIDIA's spelling)."""
 
 
@@ -67,6 +73,8 @@ def resolve_target(device: Any, *, function: str) -> Target:
     if isinstance(device, Target):
         if device.kind not in KINDS:
             raise ValueError(f"strideguard.{function}: device kind must be one of {', '.join(KINDS)}, got {device.kind!r}")
+        if device.kind == "cuda" and device.capability not in CUDA_CAPABILITIES:
+            raise ValueError(f"strideguard.{function}: {device.capability} is not a CUDA capability Inductor compiles for")
         return device
     if isinstance(device, torch.device):
         kind, detail = device.type, None
@@ -86,6 +94,11 @@ def resolve_target(device: Any, *, function: str) -> Target:
         match = _CAPABILITY.match(detail)
         if kind == "cuda" and match:
             capability = (int(match.group(1)), int(match.group(2)))
+            if capability not in CUDA_CAPABILITIES:
+                raise ValueError(
+                    f"strideguard.{function}: {device!r} names no CUDA GPU Inductor compiles for; the capabilities "
+                    f"are {', '.join(f'sm{a}{b}' for a, b in CUDA_CAPABILITIES)}"
+                )
         elif not detail.isdigit():
             raise ValueError(
                 f"strideguard.{function}: {device!r} names no device index nor compute capability (e.g. 'cuda:sm87')"

@@ -164,7 +164,9 @@ def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
     return result
 
 
-def as_asked(facts: list[OutputFacts], requested: Mapping[int, Any], edge: bool) -> list[OutputFacts]:
+def as_asked(
+    facts: list[OutputFacts], requested: Mapping[int, Any], edge: bool, from_file: frozenset = frozenset()
+) -> list[OutputFacts]:
     """``facts`` with what the user asked (``requested``, by index): an output to keep (``program.promises.KEEP``) is
     left as the compiler lays it out, never copied, and reported so; in an Edge program, an output asked in
     another dim order than the program promises is copied into it, which makes the program promise it
@@ -175,9 +177,10 @@ def as_asked(facts: list[OutputFacts], requested: Mapping[int, Any], edge: bool)
         if wanted is None or fact.reported.kind != "tensor":
             revised.append(fact)
         elif wanted == KEEP:
+            asker = "as the program file asks" if fact.reported.index in from_file else "as asked"
             revised.append(replace(fact, reported=replace(
-                fact.reported, action=Action.NONE, reason=Reason.KEPT,
-                explanation=f"kept as the compiler lays it out, as asked ({fact.reported.explanation})",
+                fact.reported, action=Action.NONE, reason=Reason.KEPT_BY_FILE if fact.reported.index in from_file else Reason.KEPT,
+                explanation=f"kept as the compiler lays it out, {asker} ({fact.reported.explanation})",
             )))
         elif edge and not fact.copied and fact.node is not None and promised_dim_order(fact.node) != tuple(wanted):
             promised = list(promised_dim_order(fact.node))

@@ -21,7 +21,7 @@ from torch.export import ExportedProgram
 from ..program.dialect import copies_into, Dialect, dialect_of
 from ..program.exported import output_values, user_outputs
 from ..program.naming import output_names
-from ..program.promises import KEEP
+from ..program.promises import dim_order_problem, KEEP
 
 FORMATS = {
     "contiguous": torch.contiguous_format,
@@ -118,9 +118,10 @@ def _dim_order(wanted: Any, ndim: int, where: str) -> Any:
             raise ValueError(f"{where}: {wanted} is a {rank}-d layout")
         return order
     if isinstance(wanted, (tuple, list)) and all(isinstance(d, int) and not isinstance(d, bool) for d in wanted):
-        if sorted(wanted) != list(range(ndim)):
-            raise ValueError(f"{where}: dim order {list(wanted)} is not a permutation of {list(range(ndim))}")
-        return tuple(wanted)
+        problem = dim_order_problem([int(d) for d in wanted], ndim)
+        if problem is not None:
+            raise ValueError(f"{where}: dim order {list(wanted)} {problem}")
+        return tuple(int(d) for d in wanted)
     raise TypeError(
         f"{where}: a layout is a torch.memory_format, one of {', '.join(FORMATS)}, {KEEP!r}, or a dim order "
         f"(a tuple of ints), got {wanted!r}"

@@ -141,7 +141,9 @@ def make_plan(
         if applied:
             graph, signature = working, signature_following_graph(signature, working)
     conversion = plan_view_conversion(graph, policy if dialect.is_edge else NO_CONVERSION, accepts=accepts)
-    requested = {**requested_layouts(graph, signature), **(layouts or {})}
+    recorded = requested_layouts(graph, signature)
+    requested = {**recorded, **(layouts or {})}
+    from_file = frozenset(index for index in recorded if index not in (layouts or {}))
     target_orders = {
         index: order for index, order in enumerate(target_orders_of(graph, signature, dialect, requested))
         if order is not None
@@ -166,7 +168,7 @@ def make_plan(
         facts = left_to_backend(facts, graph, rewrites.rewritten, rewrites.unavailable)
     if lowering is None and padded_by_benchmark:
         facts = left_to_benchmark(facts, padded_by_benchmark)
-    facts = as_asked(facts, requested, dialect.is_edge)
+    facts = as_asked(facts, requested, dialect.is_edge, from_file)
     if not copy_outputs:
         facts = [fact.uncopied() for fact in facts]
     if described:

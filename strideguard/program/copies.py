@@ -56,12 +56,21 @@ COPY_TAG = "strideguard_copy"
 inserts to copy an output; its value names the copy's form (``program.copies.CopyForm``)."""
 
 
+_COPY_OPS = frozenset({"clone", "_clone_dim_order", "neg", "bitwise_not", "permute", "permute_copy"})
+"""The ops a copy of any form is made of (by schema name): a tag on any other node is not strideguard's copy."""
+
+
 def copy_form_of(node: Any) -> Optional[str]:
-    """The form of the output copy ``node`` is part of, or ``None`` when strideguard did not insert it."""
-    if not isinstance(node, torch.fx.Node):
+    """The form of the output copy ``node`` is part of, or ``None`` when strideguard did not insert it: the tag
+    names a form, on a node that runs one of a copy's ops (a file can write the tag on any node)."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
         return None
     custom = node.meta.get("custom")
-    return custom.get(COPY_TAG) if isinstance(custom, dict) else None
+    form = custom.get(COPY_TAG) if isinstance(custom, dict) else None
+    if form not in _FORMS:
+        return None
+    schema = getattr(aten_op(node.target), "_schema", None)
+    return form if schema is not None and schema.name.split("::")[-1] in _COPY_OPS else None
 
 
 def copied_source(node: Any) -> Optional[Any]:
@@ -116,6 +125,8 @@ class CopyForm(str, Enum):
     KEPT = "kept"
     PINNED = "pinned"
 
+
+_FORMS = frozenset(form.value for form in CopyForm)
 
 def stronger_form(current: Optional[str], value: torch.Tensor) -> Optional[CopyForm]:
     """The form the closed loop tries where a copy in ``current`` (a ``CopyForm`` value, ``None``: no copy) of an

@@ -49,10 +49,25 @@ def _rerooted(result: Any, base: torch.Tensor) -> Any:
         return type(result)(_rerooted(piece, base) for piece in result)
     if not isinstance(result, torch.Tensor) or base._base is None or result._base is None:
         return result
+    root = memory_root(result)
+    if root is result:
+        return result
     try:
-        return torch.ops.aten.as_strided.default(result._base, result.shape, result.stride(), result.storage_offset())
+        return torch.ops.aten.as_strided.default(root, result.shape, result.stride(), result.storage_offset())
     except (RuntimeError, ValueError, TypeError):
         return result
+
+
+def memory_root(view: torch.Tensor) -> torch.Tensor:
+    """The tensor a view's geometry can be laid on again with ``as_strided``: the first tensor of its memory
+    (``_base``) where that reads the memory as the view's own dtype, else the view itself.
+
+    A view's strides and offset count its own elements. A view that reads its memory as another dtype
+    (``view_as_real``, ``view_as_complex``, ``view(dtype)``) laid on its base would get the base's dtype and
+    element size: ``view_as_real(z).transpose(0, 1)`` rebuilt over complex ``z`` asked for twice the memory
+    there is ("setStorage ... out of bounds"), and a ``view_as_complex`` came back as float32."""
+    base = view._base
+    return base if base is not None and base.dtype == view.dtype else view
 
 
 def _on_base_storage(result: Any, base: torch.Tensor) -> Any:

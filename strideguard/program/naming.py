@@ -12,6 +12,7 @@ here, by the paths torch's own ``pytree.tree_flatten_with_path`` gives.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
@@ -21,7 +22,16 @@ SINGLE_OUTPUT = "output"
 """The name of the one output of a method that returns a bare tensor (its key path is empty)."""
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_FRAME = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<function>[^\n]*)\n(?P<code>[^\n]*)')
+_FRAME_HEADER = re.compile(
+    r'^[ \t]*File "(?P<file>[^"\n]*)", line (?P<line>[0-9]+), in (?P<function>[^\n]*)$', re.MULTILINE
+)
+"""A line of a Python traceback that opens a frame: the whole line, from its start.
+
+A pattern searched anywhere in the trace (``File "...", line N, in ...\\n...``, as this once was) backtracked
+to the end of the line from every ``File "`` it tried: a loaded program may carry a 1 MiB trace on one line
+(``'File "a", line 1, in ' * 49000``), which took minutes. Anchored at a line's start (anywhere else it fails
+at once), with every part stopping at a character the next part needs (``"``, ``,``, the line's end), each
+line is read once: linear in the trace, in the regular expression engine rather than a Python loop."""
 _TORCH_DIR = torch.__file__.rsplit("/", 1)[0] + "/"
 
 
@@ -73,16 +83,43 @@ def output_names(program: Any, count: Optional[int] = None) -> list[str]:
 
 def source_line(node: Any) -> Optional[str]:
     """Where in the user's code ``node`` was made, ``policy.py:17  joints[:, :6]``: the innermost frame of its
-    stack trace outside torch itself (a library model's own file counts as the user's); ``None`` without one."""
+    stack trace outside torch itself (a library model's own file counts as the user's); ``None`` without one.
+    Linear in the trace's length (``stack_frames``)."""
     trace = getattr(node, "meta", {}).get("stack_trace") if node is not None else None
     if not isinstance(trace, str):
         return None
-    frames = list(_FRAME.finditer(trace))
-    outside = [frame for frame in frames if not frame["file"].startswith(_TORCH_DIR)] or frames
+    frames = stack_frames(trace)
+    outside = [frame for frame in frames if not frame.file.startswith(_TORCH_DIR)] or frames
     if not outside:
         return None
     frame = outside[-1]
-    return f"{frame['file'].rsplit('/', 1)[-1]}:{frame['line']}  {frame['code'].strip()}"
+    where, code = f"{frame.file.rsplit('/', 1)[-1]}:{frame.line}", frame.code.strip()
+    return f"{where}  {code}" if code else where
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a Python traceback: ``File "{file}", line {line}, in {function}`` and the code below it."""
+
+    file: str
+    line: str
+    function: str
+    code: str
+
+
+def stack_frames(trace: str) -> list[Frame]:
+    """The frames of a traceback as Python prints it, outermost first, in time linear in its length
+    (``_FRAME_HEADER``). A frame's code is the line after its header, or empty where that line opens the next
+    frame (Python could not read the file)."""
+    headers = list(_FRAME_HEADER.finditer(trace))
+    frames = []
+    for header, following in zip(headers, [*headers[1:], None]):
+        code_start = header.end() + 1  # past the header's line break
+        code_end = trace.find("\n", code_start)
+        has_code = code_start <= len(trace) and (following is None or following.start() > code_start)
+        code = trace[code_start : len(trace) if code_end < 0 else code_end] if has_code else ""
+        frames.append(Frame(header["file"], header["line"], header["function"], code))
+    return frames
 
 
 def node_stem(name: str) -> str:

@@ -29,20 +29,59 @@ KEEP = "keep"
 """A requested layout: leave the output as the compiler lays it out (reported, never copied)."""
 
 
+class RecordedLayoutRefused(ValueError):
+    """A program records a layout request (``LAYOUT_TAG``) that ``layouts=`` and ``--layout`` would refuse: a
+    file can write any value there, and a request that is not a permutation of the output's dimensions would
+    make every judgement call a strided output in layout."""
+
+
+def dim_order_problem(order: Any, ndim: int) -> Optional[str]:
+    """Why ``order`` is not a dim order of ``ndim`` dimensions (``None`` when it is): real ints, each dimension
+    once. The one check of a request, whether the user gives it or a program records it."""
+    if not isinstance(order, (list, tuple)) or not all(type(d) is int for d in order):
+        return "is not a dim order (a list of ints)"
+    if sorted(order) != list(range(ndim)):
+        return f"is not a permutation of {list(range(ndim))}"
+    return None
+
+
 def requested_layouts(graph: torch.fx.Graph, signature: ExportGraphSignature) -> dict[int, Any]:
-    """The layouts recorded in ``graph`` (``LAYOUT_TAG``), by user output index: a dim order or ``KEEP``."""
+    """The layouts recorded in ``graph`` (``LAYOUT_TAG``), by user output index: a dim order or ``KEEP``.
+    A recorded request is checked as one the user gives: anything but ``KEEP`` or a permutation of the
+    output's dimensions raises ``RecordedLayoutRefused``, naming the output and the request."""
     returned = output_values(graph)
     found: dict[int, Any] = {}
     for out in user_outputs(signature):
         node = returned[out.position] if out.position < len(returned) else None
         custom = node.meta.get("custom") if isinstance(node, torch.fx.Node) else None
         tags = custom.get(LAYOUT_TAG) if isinstance(custom, dict) else None
+        if tags is not None and not isinstance(tags, dict):
+            raise RecordedLayoutRefused(
+                f"strideguard: node {node.name} records {LAYOUT_TAG} {_shown(tags)}, which is not a map from output "
+                "index to layout: refused"
+            )
         value = tags.get(str(out.index)) if isinstance(tags, dict) else None
+        if value is None:
+            continue
         if value == KEEP:
             found[out.index] = KEEP
-        elif isinstance(value, list) and all(isinstance(d, int) for d in value):
-            found[out.index] = tuple(value)
+            continue
+        value_of = node.meta.get("val")
+        ndim = value_of.dim() if isinstance(value_of, torch.Tensor) else None
+        problem = "is asked of an output that is not a tensor" if ndim is None else dim_order_problem(value, ndim)
+        if problem is not None:
+            raise RecordedLayoutRefused(
+                f"strideguard: user output {out.index} (node {node.name}) records the layout request {_shown(value)}, "
+                f"which {problem}: refused, as layouts= and --layout refuse it"
+            )
+        found[out.index] = tuple(value)
     return found
+
+
+def _shown(value: Any) -> str:
+    """A recorded value in a message, cut to a line."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def promised_dim_order(node: torch.fx.Node) -> tuple[int, ...]:

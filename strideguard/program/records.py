@@ -97,11 +97,18 @@ class Reason(str, Enum):
     """With ``break_aliases``: shares memory with an input, a weight or an earlier output; copied."""
     KEPT = "kept"
     """The user asked for it as the compiler lays it out (``layouts={name: "keep"}``); never copied."""
+    KEPT_BY_FILE = "kept-by-file"
+    """The program records a request to keep it as the compiler lays it out (a program fixed with
+    ``layouts={name: "keep"}`` and saved, or any file that writes the request); never copied, and said to be
+    the file's, not the user's."""
     PROMISE_CHANGED = "promise-changed"
     """An Edge program promised another dim order than the one the user asked for: copied into the one asked,
     so that the program promises it."""
     NOT_A_TENSOR = "not-a-tensor"
 
+
+KEPT_REASONS = frozenset({Reason.KEPT, Reason.KEPT_BY_FILE})
+"""The reasons of an output left as the compiler lays it out because it was asked, now or in the file."""
 
 UNDECIDED_BY = {
     Reason.INDUCTOR_DECIDES: "Inductor decides",
@@ -126,6 +133,8 @@ def layout_verdict(
         return "not a tensor"
     if reason is Reason.KEPT:
         return "kept as compiled"
+    if reason is Reason.KEPT_BY_FILE:
+        return "kept as compiled, as the file asks"
     if in_target is True:
         return "in layout"
     if in_target is None:
@@ -183,7 +192,7 @@ class OutputLayout:
     def ok(self) -> bool:
         """Comes back dense in its target layout (non-tensor outputs always do), or as the user asked
         (``"keep"``)."""
-        return self.kind is not OutputKind.TENSOR or self.in_target_layout is True or self.reason is Reason.KEPT
+        return self.kind is not OutputKind.TENSOR or self.in_target_layout is True or self.reason in KEPT_REASONS
 
     @property
     def verdict(self) -> str:

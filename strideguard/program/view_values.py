@@ -31,7 +31,7 @@ from torch.fx import Node
 
 from . import density
 from .dialect import aten_op
-from .fake_values import call_on_fake_values, storage_key, view_of_memory
+from .fake_values import call_on_fake_values, memory_root, storage_key, view_of_memory
 from .ops import is_view_op
 
 aten = torch.ops.aten
@@ -201,7 +201,8 @@ class ViewValues:
         arithmetic followed."""
         if not isinstance(memory, torch.Tensor) or storage_key(memory) != geometry.storage:
             return None
-        return view_of_memory(memory if memory._base is None else memory._base, geometry.shape, geometry.strides, geometry.offset)
+        # in the memory's own dtype, in which the arithmetic counted: never its base's, where that differs
+        return view_of_memory(memory_root(memory), geometry.shape, geometry.strides, geometry.offset)
 
 
 def _resolved(node: Node, cache: dict, sources: Callable[[Node], list[Node]], compute: Callable[[Node], Any]) -> Any:

@@ -24,6 +24,7 @@ a child and stopping the child:
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import signal
@@ -57,8 +58,12 @@ class Limits:
     """Bytes; ``None`` for ``default_memory()``."""
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.seconds, (int, float)) and not isinstance(self.seconds, bool) and self.seconds > 0):
-            raise ValueError(f"strideguard: a time limit must be a positive number of seconds, got {self.seconds!r}")
+        # finite: an infinite limit is none, and every comparison with nan is false, so neither would stop anything
+        if not (
+            isinstance(self.seconds, (int, float)) and not isinstance(self.seconds, bool)
+            and math.isfinite(self.seconds) and self.seconds > 0
+        ):
+            raise ValueError(f"strideguard: a time limit must be a positive number of seconds, and finite, got {self.seconds!r}")
         if self.memory is not None and not (
             isinstance(self.memory, int) and not isinstance(self.memory, bool) and self.memory > 0
         ):

@@ -18,6 +18,7 @@ import sympy
 import torch
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
+from torch.utils._sympy.numbers import int_oo
 
 from ..compiler.lowering import lower_outputs
 from ..compiler.targets import target_for
@@ -170,6 +171,12 @@ def verify(
     ``LimitExceeded`` says which. The programs reach the child through
     ``torch.export.save``.
     """
+    if reference is not None:
+        # Before anything runs, in-process or in the child: the reference is called on the program's inputs,
+        # and a compiled reference exported at another size reads past them (a crash, blamed on the program).
+        difference = reference_difference(require_exported_program(program, "verify"), require_exported_program(reference, "verify"))
+        if difference is not None:
+            raise ValueError(f"strideguard.verify: reference= is not this program's reference: {difference}")
     if timeout is not None or memory is not None:
         limits = Limits(timeout if timeout is not None else DEFAULT_SECONDS, memory)
         options = dict(
@@ -212,6 +219,117 @@ def verify(
             tolerance=tolerance if was_pushed_down(program.graph) else None,
             tolerances=table,
         )
+
+
+class _Symbols:
+    """One program's size symbols renamed in the order its inputs show them (``d0``, ``d1``, ...), so that two
+    programs exported alike compare equal whatever torch called their symbols (``s77`` here, ``s0`` there),
+    and two sizes that are one symbol in one program must be one symbol in the other; each with its range."""
+
+    def __init__(self, program: ExportedProgram):
+        self.ranges = {str(symbol): bounds for symbol, bounds in program.range_constraints.items()}
+        self.renamed: dict[sympy.Symbol, sympy.Symbol] = {}
+        self.first_seen: dict[sympy.Symbol, str] = {}
+
+    def sizes(self, sizes: Sequence[Any], where: str) -> tuple[str, str]:
+        """The sizes of ``where`` (an input or output) as compared (numbers, and expressions over the renamed
+        symbols with their ranges) and as shown (the program's own symbols, each with its range where it first
+        appears, else where it did: ``s77 is x.size(0)``)."""
+        compared, shown, notes = [], [], {}
+        for dim, size in enumerate(sizes):
+            expr = size.node.expr if isinstance(size, torch.SymInt) else size
+            if not isinstance(expr, sympy.Expr) or expr.is_number:
+                compared.append(str(int(expr)))
+                shown.append(str(int(expr)))
+                continue
+            symbols = sorted(expr.free_symbols, key=str)  # a new symbol is numbered where it first appears
+            for symbol in symbols:
+                if symbol not in self.renamed:
+                    self.renamed[symbol] = sympy.Symbol(f"d{len(self.renamed)}", integer=True)
+                    self.first_seen[symbol] = f"{where}.size({dim})"
+                    notes.setdefault(str(symbol), f"{symbol} {self._span(symbol)}")
+                else:
+                    notes.setdefault(str(symbol), f"{symbol} is {self.first_seen[symbol]}")
+            ranges = ", ".join(f"{self.renamed[symbol]} {self._span(symbol)}" for symbol in symbols)
+            compared.append(f"{expr.xreplace(self.renamed)} with {ranges}")
+            shown.append(str(expr))
+        return "; ".join(compared), f"[{', '.join(shown)}]" + (f" ({', '.join(notes.values())})" if notes else "")
+
+    def _span(self, symbol: sympy.Symbol) -> str:
+        bounds = self.ranges.get(str(symbol))
+        if bounds is None:
+            return "of any value"
+        upper = bounds.upper
+        return f"at least {bounds.lower}" if upper in (int_oo, sympy.oo, float("inf")) else f"from {bounds.lower} to {upper}"
+
+
+def _described(value: Any, symbols: _Symbols, where: str) -> tuple[str, str]:
+    """What a call takes or gives at one place: (the form compared, the text a message shows)."""
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        compared, shown = symbols.sizes(value.shape, where)
+        return f"tensor {dtype} {compared}", f"a {dtype} tensor {shown}"
+    if isinstance(value, torch.SymInt):
+        compared, shown = symbols.sizes([value], where)
+        return f"size {compared}", f"the size {shown.removeprefix('[').replace(']', '', 1)}"
+    return f"{type(value).__name__} {value!r}", f"the {type(value).__name__} {value!r}"
+
+
+def _user_input_values(program: ExportedProgram) -> list[tuple[str, Any]]:
+    """Each user input's name and traced value (a fake tensor, a symbolic size, or the constant it was)."""
+    placeholders = {node.name: node for node in program.graph.find_nodes(op="placeholder")}
+    return [
+        (name, placeholders[name].meta.get("val") if name in placeholders else None)
+        for name in program.graph_signature.user_inputs
+    ]
+
+
+def _user_output_values(program: ExportedProgram) -> list[Any]:
+    """Each user output's traced value, in return order."""
+    returned = output_values(program.graph)
+    values = [returned[out.position] for out in user_outputs(program.graph_signature)]
+    return [value.meta.get("val") if isinstance(value, torch.fx.Node) else value for value in values]
+
+
+def reference_difference(program: ExportedProgram, reference: ExportedProgram) -> Optional[str]:
+    """What makes ``reference`` unfit to stand beside ``program`` in ``verify``, in words (``None``: nothing).
+
+    ``verify`` runs the compiled reference on the program's inputs and compares output with output, so the
+    reference must take the same inputs (as many, nested alike, each of the same shape and dtype,
+    every symbolic size over the same range, the same constants) and return the same outputs (as many, named
+    alike, each of the same shape and dtype). Unchecked, a reference exported at another input size read
+    past the input's memory (a crash in the child, blamed on the program; in-process, a crash of the
+    caller), and one whose outputs differed in shape or dtype was reported equal (``reference_error`` 0)."""
+    ours, theirs = _Symbols(program), _Symbols(reference)
+    inputs, reference_inputs = _user_input_values(program), _user_input_values(reference)
+    names, reference_names = [name for name, _ in inputs], [name for name, _ in reference_inputs]
+    if len(names) != len(reference_names):  # by position: the call passes them so, whatever each is called
+        return (
+            f"the reference takes {_counted(reference_names, 'input')} and the program {_counted(names, 'input')}"
+        )
+    for (name, value), (_, reference_value) in zip(inputs, reference_inputs):
+        compared, shown = _described(value, ours, name)
+        reference_compared, reference_shown = _described(reference_value, theirs, name)
+        if compared != reference_compared:
+            return f"input {name} is {reference_shown} in the reference and {shown} in the program"
+    if program.call_spec.in_spec != reference.call_spec.in_spec:
+        return "the reference takes its inputs nested otherwise than the program (arguments, keywords, containers)"
+    outputs, reference_outputs = _user_output_values(program), _user_output_values(reference)
+    names, reference_names = output_names(program, len(outputs)), output_names(reference, len(reference_outputs))
+    if names != reference_names:
+        return (
+            f"the reference returns {_counted(reference_names, 'output')} and the program {_counted(names, 'output')}"
+        )
+    for index, (name, value, reference_value) in enumerate(zip(names, outputs, reference_outputs)):
+        compared, shown = _described(value, ours, name)
+        reference_compared, reference_shown = _described(reference_value, theirs, name)
+        if compared != reference_compared:
+            return f"output {index} ({name}) is {reference_shown} in the reference and {shown} in the program"
+    return None
+
+
+def _counted(names: Sequence[str], what: str) -> str:
+    return f"{len(names)} {what}{'' if len(names) == 1 else 's'} ({', '.join(names)})"
 
 
 def _saved(program: ExportedProgram, path: str) -> str:
@@ -277,7 +395,9 @@ def _against_reference(checks: tuple, got: Any, wanted: Any, tolerance: Optional
             measured.append(check)
             continue
         comparable = value.shape == reference.shape and value.dtype == reference.dtype
-        error = largest_difference(value, reference) if comparable else 0.0
+        # another shape or dtype is no match at any distance (``verify`` refuses such a reference up front;
+        # ``check_compiled`` is handed a compiled one it cannot look into)
+        error = largest_difference(value, reference) if comparable else float("inf")
         same = _values_match(value, reference, tolerance)
         measured.append(replace(check, reference_error=error, match=check.match and same))
     return tuple(measured)

@@ -24,7 +24,9 @@ from ...decide.pushdown import checks_only_its_type, FULL, is_identity_dropout, 
 from ...program import ops
 from ...program.dialect import aten_op, Dialect, narrow_call, select_call
 from ...program.exported import PUSHED_DOWN
+from ...program.copies import COPY_TAG
 from ...program.fake_values import call_on_fake_values
+from ...program.promises import LAYOUT_TAG
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "torch_fn", "from_node", "custom")
 
@@ -44,8 +46,10 @@ def _value(node: Any) -> Any:
 def _new_node(graph: torch.fx.Graph, target: Any, args: tuple, kwargs: dict, like: Node, why: str) -> Node:
     node = graph.call_function(target, args, kwargs)
     node.meta.update({key: like.meta[key] for key in _INHERITED_META if key in like.meta})
-    # A dict of its own: the original node's ``custom`` belongs to the input program.
-    node.meta["custom"] = {**like.meta.get("custom", {}), PUSHED_DOWN: why}
+    # A dict of its own: the original node's ``custom`` belongs to the input program. What was asked of the
+    # producer's output, or said of its copy, is not the piece's: the engine records requests on what it returns.
+    inherited = {key: item for key, item in like.meta.get("custom", {}).items() if key not in (LAYOUT_TAG, COPY_TAG)}
+    node.meta["custom"] = {**inherited, PUSHED_DOWN: why}
     if target is operator.getitem:
         node.meta["val"] = _value(args[0])[args[1]]
     else:
