@@ -7,8 +7,8 @@ to the end of the line from every ``File "`` on it: a two-node program whose
 returned node carried ``'File "a", line 1, in ' * 49000`` took ``inspect``
 3 min 9 s. Each pattern strideguard runs on a file's text is checked here on
 its worst input: in well under a second at the largest length the loader
-admits, and four times the text costing about four times the time, not
-sixteen.
+admits, and sixteen times the text costing about sixteen times the time,
+not 256 times.
 
 The files are ``hostile.ADMITTED``: hostile, yet nothing in them is unsafe to
 read, so the loader admits them, and every verb must still read them at the
