@@ -63,13 +63,14 @@ $(LANE2_STAMP): pyproject.toml constraints-torch2.15.txt
 test-torch2.15: $(LANE2_STAMP)
 	$(LANE2)/bin/python -m pytest -q $(PARALLEL) -m "not long"
 
-# The minor between lanes 1 and 2 (torch 2.14.1, no ExecuTorch), kept tested where strideguard reads torch's
-# internals: the fake device's CUDA lowering, the decisions left to the device, the lowerings that changed
-# between minors and the proofs. The rest of the suite does not depend on the minor.
+# The minor between lanes 1 and 2 (torch 2.14.1, no ExecuTorch), kept tested where the minor matters: the tests
+# that read torch's internals (the fake device's CUDA lowering, the decisions left to the device, the lowerings
+# that changed between minors, the proofs) and the regressions first found on 2.14 (pushdown, size-one strides,
+# views of views). The other files do not depend on the minor; lanes 1 and 2 run them.
 LANE214 := .venv-torch2.14
 LANE214_STAMP := $(LANE214)/.strideguard-installed
-TORCH_INTERNALS_TESTS := tests/test_device_lowering.py tests/test_decided_on_the_device.py \
-	tests/test_torch_versions.py tests/test_proven.py
+TORCH_MINOR_TESTS := tests/test_device_lowering.py tests/test_decided_on_the_device.py tests/test_torch_versions.py \
+	tests/test_proven.py tests/test_pushdown.py tests/test_inductor_size_one_strides.py tests/test_views_of_views.py
 
 $(LANE214_STAMP): pyproject.toml constraints-torch2.14.txt
 	test -x $(LANE214)/bin/python || $(PYTHON) -m venv $(LANE214)
@@ -78,7 +79,7 @@ $(LANE214_STAMP): pyproject.toml constraints-torch2.14.txt
 	touch $(LANE214_STAMP)
 
 test-torch2.14: $(LANE214_STAMP)
-	$(LANE214)/bin/python -m pytest -q $(PARALLEL) -m "not long" $(TORCH_INTERNALS_TESTS)
+	$(LANE214)/bin/python -m pytest -q $(PARALLEL) -m "not long" $(TORCH_MINOR_TESTS)
 
 # The third lane: LeRobot's policies in the zoo (tests/robots.py). LeRobot needs Python 3.12: the newest
 # 3.12 pyenv has, else python3.12 on the PATH. Its own pins (torch<2.12) are not taken: --no-deps.
