@@ -3,7 +3,7 @@
 Every ``strideguard.…`` path written in README.md and docs/ resolves; every
 public name of the package is documented in docs/api.md; every command of the
 command line in docs/command-line.md; every folder and module of the tree in
-the README's table of stages.
+the table of stages of docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -57,21 +57,21 @@ def test_every_command_is_documented_in_the_command_line_reference():
     assert not missing, f"docs/command-line.md does not document the commands {missing}"
 
 
-def test_the_readme_names_every_folder_and_module_of_the_tree():
-    readme = (REPOSITORY / "README.md").read_text()
-    table = readme[readme.index("| folder | stage |"):]
+def test_the_architecture_doc_names_every_folder_and_module_of_the_tree():
+    architecture = (REPOSITORY / "docs" / "architecture.md").read_text()
+    table = architecture[architecture.index("| folder | stage |"):]
     table = table[: table.index("\n\n")]
     package = REPOSITORY / "strideguard"
     for folder in sorted(path for path in package.iterdir() if (path / "__init__.py").exists() and path.name != "testing"):
-        assert f"`{folder.name}/`" in table, f"the README's table of stages does not name {folder.name}/"
+        assert f"`{folder.name}/`" in table, f"docs/architecture.md's table of stages does not name {folder.name}/"
         for module in sorted(folder.glob("*.py")):
             if module.name != "__init__.py":
-                assert f"`{module.name}`" in table, f"the README's table of stages does not name {folder.name}/{module.name}"
+                assert f"`{module.name}`" in table, f"docs/architecture.md's table of stages does not name {folder.name}/{module.name}"
         for subpackage in sorted(path for path in folder.iterdir() if (path / "__init__.py").exists()):
-            assert f"`{subpackage.name}/`" in table, f"the README's table of stages does not name {folder.name}/{subpackage.name}/"
+            assert f"`{subpackage.name}/`" in table, f"docs/architecture.md's table of stages does not name {folder.name}/{subpackage.name}/"
     for module in sorted(package.glob("*.py")):
         if not module.name.startswith("__"):
-            assert f"`{module.name}`" in table, f"the README's table of stages does not name {module.name}"
+            assert f"`{module.name}`" in table, f"docs/architecture.md's table of stages does not name {module.name}"
 
 
 @pytest.mark.parametrize("path", _paths())
