@@ -54,11 +54,16 @@ fuzz: $(STAMP)
 LANE2 := .venv-torch2.15
 LANE2_STAMP := $(LANE2)/.strideguard-installed
 
+# A lane's environment without ExecuTorch: $(1) the folder, $(2) its constraints file.
+define torch_lane
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	PYTHONWARNINGS=ignore $(1)/bin/python -m pip install -q --upgrade pip
+	PYTHONWARNINGS=ignore $(1)/bin/python -m pip install -q -c $(2) -e '.[cuda,dev,zoo,plot]'
+	touch $(1)/.strideguard-installed
+endef
+
 $(LANE2_STAMP): pyproject.toml constraints-torch2.15.txt
-	test -x $(LANE2)/bin/python || $(PYTHON) -m venv $(LANE2)
-	PYTHONWARNINGS=ignore $(LANE2)/bin/python -m pip install -q --upgrade pip
-	PYTHONWARNINGS=ignore $(LANE2)/bin/python -m pip install -q -c constraints-torch2.15.txt -e '.[cuda,dev,zoo,plot]'
-	touch $(LANE2_STAMP)
+	$(call torch_lane,$(LANE2),constraints-torch2.15.txt)
 
 test-torch2.15: $(LANE2_STAMP)
 	$(LANE2)/bin/python -m pytest -q $(PARALLEL) -m "not long"
@@ -73,10 +78,7 @@ TORCH_MINOR_TESTS := tests/test_device_lowering.py tests/test_decided_on_the_dev
 	tests/test_proven.py tests/test_pushdown.py tests/test_inductor_size_one_strides.py tests/test_views_of_views.py
 
 $(LANE214_STAMP): pyproject.toml constraints-torch2.14.txt
-	test -x $(LANE214)/bin/python || $(PYTHON) -m venv $(LANE214)
-	PYTHONWARNINGS=ignore $(LANE214)/bin/python -m pip install -q --upgrade pip
-	PYTHONWARNINGS=ignore $(LANE214)/bin/python -m pip install -q -c constraints-torch2.14.txt -e '.[cuda,dev,zoo,plot]'
-	touch $(LANE214_STAMP)
+	$(call torch_lane,$(LANE214),constraints-torch2.14.txt)
 
 test-torch2.14: $(LANE214_STAMP)
 	$(LANE214)/bin/python -m pytest -q $(PARALLEL) -m "not long" $(TORCH_MINOR_TESTS)

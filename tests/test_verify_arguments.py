@@ -27,27 +27,17 @@ import strideguard
 from strideguard import cli
 from strideguard.prove.verification import reference_difference
 
-from .commands import CommandServer
+from .test_cli import command_server  # noqa: F401 - the module's one command server, as test_cli's
+from .test_cli import strideguard as run_command
 
-SERVER: list[CommandServer] = []
 REFUSED_AT_ONCE = 60.0
 """Seconds within which a refusal comes: a command server's fork and the loading of a small file, where a
 compile of the program would take 10 to 30 s on top and running it under the limit as long as it says."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def command_server():
-    yield
-    for server in SERVER:
-        server.close()
-    SERVER.clear()
-
-
 def strideguard_command(*args) -> tuple[object, float]:
-    if not SERVER:
-        SERVER.append(CommandServer())
     started = time.monotonic()
-    result = SERVER[0].run(*args)
+    result = run_command(*args)
     return result, time.monotonic() - started
 
 

@@ -38,22 +38,18 @@ def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFa
         shown = list(density.format_strides(strides))
         if lowered.copied_by_wrapper:
             explanation += " (its wrapper returns a copy of a weight's view)"
-        held = {density.has_layout(shape, each, order) is True for each in lowered.every_strides}
-        if lowered.alternatives and lowered.benchmark_decides:
+        if lowered.alternatives:
+            # A choice the device makes when it compiles: undecided where it decides, strided where no choice holds.
             others = " or ".join(str(list(density.format_strides(alternative))) for alternative in lowered.alternatives)
-            why = f"by what a benchmark on the device says when it compiles ({lowering.benchmark_undecided})"
-            if held == {False}:
-                explanation += f"; Inductor's lowering for {lowering.target} returns strides {shown} or {others}, {why}"
+            if lowered.benchmark_decides:
+                who, why = Reason.BENCHMARK_DECIDES, f"by what a benchmark on the device says ({lowering.benchmark_undecided})"
             else:
-                in_target, reason = None, Reason.BENCHMARK_DECIDES
-                explanation = f"Inductor's lowering for {lowering.target} returns strides {shown} or {others}, {why}"
-        elif lowered.alternatives:
-            others = " or ".join(str(list(density.format_strides(alternative))) for alternative in lowered.alternatives)
-            in_target, reason = None, Reason.KERNEL_DECIDES
-            explanation = (
-                f"Inductor's lowering for {lowering.target} returns strides {shown} or {others}, by the kernel the "
-                f"device picks when it compiles ({lowering.undecided})"
-            )
+                who, why = Reason.KERNEL_DECIDES, f"by the kernel the device picks ({lowering.undecided})"
+            said = f"Inductor's lowering for {lowering.target} returns strides {shown} or {others} when it compiles, {why}"
+            if any(density.has_layout(shape, each, order) is True for each in lowered.every_strides):
+                in_target, reason, explanation = None, who, said
+            else:
+                explanation += f"; {said}"
         elif lowered.kernel_memory and in_target is True:
             in_target, reason = None, Reason.INDUCTOR_DECIDES
             explanation = (

@@ -45,7 +45,8 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from .density import strides_for_order
 from .dialect import (
-    aten_op, copies_into, copy_call, Dialect, edge_copy_order, permute_call, permuted_copy_steps, spelled_in, value_call,
+    aten_op, copies_into, copy_call, Dialect, edge_copy_order, permute_call, reversed_and_back_steps, spelled_in,
+    value_call,
 )
 from .fake_values import call_on_fake_values, fresh_like, fresh_strided
 from .naming import node_stem
@@ -214,11 +215,7 @@ def insert_copy(
                 "copy ops write only contiguous and channels-last orders"
             )
         dim_order = same_bytes
-    # The pinned form's detour: reversed, copied contiguously, reversed back (a view of that copy in ATen).
-    reversed_dims = list(range(len(shape)))[::-1]
-    detour = [] if form is not CopyForm.PINNED else permuted_copy_steps(dialect, reversed_dims) + (
-        [(permute_call(dialect), (reversed_dims,), {})] if not dialect.is_edge else permuted_copy_steps(dialect, reversed_dims)
-    )
+    detour = reversed_and_back_steps(dialect, len(shape)) if form is CopyForm.PINNED else []
 
     def copy_steps(order: tuple[int, ...]) -> tuple[Any, list]:
         target, kwargs = copy_call(dialect, order)

@@ -184,13 +184,16 @@ def permute_call(dialect: Dialect) -> Any:
     return torch.ops.aten.permute.default
 
 
-def permuted_copy_steps(dialect: Dialect, dims: list[int]) -> list[tuple[Any, tuple, dict]]:
-    """Steps (target, arguments, keyword arguments) that copy a tensor contiguously with its dimensions in the
-    order ``dims``: ``permute`` then a contiguous ``clone`` in ATen, ``permute_copy`` (a copy of its own) in Edge."""
+def reversed_and_back_steps(dialect: Dialect, ndim: int) -> list[tuple[Any, tuple, dict]]:
+    """Steps (target, arguments, keyword arguments) that copy a tensor with its dimensions reversed, laid out
+    contiguously, then reverse them back: in ATen ``permute`` and a contiguous ``clone``, then ``permute`` (a view
+    of that copy); in Edge ``permute_copy`` (a copy of its own) both ways."""
+    dims = list(range(ndim))[::-1]
     if dialect.is_edge:
-        return [(_edge_ops().aten.permute_copy.default, (dims,), {})]
-    return [(torch.ops.aten.permute.default, (dims,), {}),
-            (torch.ops.aten.clone.default, (), {"memory_format": torch.contiguous_format})]
+        return [(_edge_ops().aten.permute_copy.default, (dims,), {})] * 2
+    permute = torch.ops.aten.permute.default
+    return [(permute, (dims,), {}), (torch.ops.aten.clone.default, (), {"memory_format": torch.contiguous_format}),
+            (permute, (dims,), {})]
 
 
 def narrow_call(dialect: Dialect) -> Any:
