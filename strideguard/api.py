@@ -11,6 +11,7 @@ from torch.export import ExportedProgram
 
 from .compiler.backends import Backend, resolve_backend
 from .compiler.lowering import ExternKernelMemory
+from .compiler.padded_matmuls import options_of_the_compile
 from .compiler.targets import Target, target_for
 from .decide.facts import OutputFacts, report
 from .decide.user_layouts import resolve_layouts
@@ -174,7 +175,8 @@ def densify_outputs(
         layouts=resolve_layouts(program, layouts, "densify_outputs"),
     )
     if not exact:
-        return transformed(program, EXECUTORCH, **options)[0]
+        with options_of_the_compile(inductor_configs):
+            return transformed(program, EXECUTORCH, **options)[0]
 
     def lower(candidate: ExportedProgram):
         return lower_as_compiled(candidate, backend=backend, inductor_configs=inductor_configs, target=target)

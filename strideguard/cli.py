@@ -2,7 +2,8 @@
 
 Exit codes: 0 when every user output comes back dense in its target layout
 (for ``verify``: measured so, with values equal to eager); 1 when some does
-not; 2 when the command could not do its job: bad usage, a file it cannot or
+not; 3 (``inspect`` and ``fix``) when none is out of layout but some is
+undecided, its layout decided by Inductor or the device; 2 when the command could not do its job: bad usage, a file it cannot or
 will not read or write, or an error while fixing or compiling; 128 plus the
 signal number when SIGINT, SIGTERM or SIGHUP stopped it (130, 143, 129). An
 error is one line on stderr (with ``--json``, also ``{"ok": false, "error":
@@ -47,7 +48,7 @@ from .program.loading import (
     write_output,
 )
 from .program.loading.errors import one_line
-from .program.records import LayoutReport, VerifyReport
+from .program.records import counted, LayoutReport, shortened_pushdown, VerifyReport
 from .prove.isolation import ChildFailed, DEFAULT_SECONDS, LimitExceeded, Limits, run_isolated
 from .prove.proof import Proof, PROOF_KEY
 from .prove.verification import reference_difference, verify as verify_program
@@ -59,6 +60,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
     help="strideguard: outputs of AOTInductor-compiled methods, dense in the layout promised.",
 )
 
@@ -101,7 +103,9 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-ProgramFile = Annotated[Path, typer.Argument(help="A .pt2 file written by torch.export.save.", show_default=False)]
+ProgramFile = Annotated[
+    Path, typer.Argument(help="A .pt2 file written by torch.export.save.", show_default=False, metavar="PROGRAM")
+]
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout and nothing else.", metavar="")]
 Exact = Annotated[
     bool,
@@ -174,7 +178,8 @@ def _running(action: str, debug: bool, json_output: bool = False) -> Iterator[No
             message = str(error) if error.file_error else f"{action} failed: {error.kind}: {error}"
             failure = _with_traceback(message, debug)
         except Exception as error:
-            failure = _with_traceback(f"{action} failed: {type(error).__name__}: {_first_line(error)}", debug)
+            said = getattr(error, "command_line", None)  # a problem the library words for the command line too
+            failure = _with_traceback(said or f"{action} failed: {type(error).__name__}: {_first_line(error)}", debug)
         finally:
             torch_logger.setLevel(level)
     if failure is not None:
@@ -237,16 +242,14 @@ def _print_layout(console: Console, title: str, report: LayoutReport, wide: bool
         if output.pushdown:
             saving = "" if output.flops_saved is None else f", {output.flops_saved:.0%} of those ops' FLOPs saved"
             console.print(
-                f"  fix --pushdown computes {literal(output.name)} from pieces: {literal(output.pushdown)}{saving}"
+                f"  fix --pushdown computes {literal(output.name)} from pieces: {literal(shortened_pushdown(output.pushdown))}{saving}"
             )
-    strided = [output for output in report.outputs if not output.ok]
-    if strided:
-        console.print(
-            f"[red]{len(strided)} of {len(report.outputs)} user outputs would not come back dense in their target "
-            "layout[/]; `strideguard fix` inserts one copy for each"
-        )
-    else:
-        console.print(f"[green]all {len(report.outputs)} user outputs come back dense in their target layout[/]")
+    colour = {"in layout": "green", "out of layout": "red", "undecided": "yellow"}[report.verdict]
+    console.print(f"[{colour}]{literal(report.summary)}[/]")
+
+
+EXIT_CODES = {"in layout": 0, "out of layout": 1, "undecided": 3}
+"""``inspect``'s and ``fix``'s exit code for each of a report's three answers (``LayoutReport.verdict``)."""
 
 
 @app.command("inspect")
@@ -269,28 +272,32 @@ def inspect_command(
             check_output_path(plot, input_path=program, overwrite=force)
         loaded = load_program(program)
         report = inspect(loaded, exact=exact, device=device)
+    not_drawn: list[str] = []
     if plot is not None:
         with _running(f"writing the plot {plot}", debug, json_output):
-            _write_plot(loaded, report, plot, program, force)
+            not_drawn = _write_plot(loaded, report, plot, program, force)
     if json_output:
         _print_json(report.to_dict())
     else:
         console = _stdout()
-        _print_layout(console, f"{program}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report, wide)
+        _print_layout(console, f"{program}: {counted(len(report.outputs), 'user output')} ({report.dialect}, for {report.device})", report, wide)
         if plot is not None:
             console.print(f"wrote {literal(plot)}")
-    raise typer.Exit(0 if report.ok else 1)
+            for name in not_drawn:
+                console.print(f"  {literal(name)} is not drawn: its sizes or strides are symbolic, and the file's example inputs do not fix them")
+    raise typer.Exit(EXIT_CODES[report.verdict])
 
 
-def _write_plot(loaded, report: LayoutReport, plot: str, program: Path, force: bool) -> None:
+def _write_plot(loaded, report: LayoutReport, plot: str, program: Path, force: bool) -> list[str]:
     """The picture goes through the same careful write as a fixed program: never over the input or another file."""
     try:
-        from .plot import plot_copies  # matplotlib loads only when a picture is asked for
+        from .plot import plot_copies, undrawn  # matplotlib loads only when a picture is asked for
     except ModuleNotFoundError as missing:
         raise ProgramFileError(plot, f"--plot needs {missing.name}: pip install 'strideguard[plot]'") from None
 
     title = f"strideguard inspect {program.name}"
     write_output(plot, lambda file: plot_copies(loaded, report, file, title=title), input_path=program, overwrite=force)
+    return undrawn(loaded, report)
 
 
 @app.command()
@@ -332,6 +339,8 @@ def fix(
     with _running("fix", debug):
         check_output_path(output, input_path=program, overwrite=force)
         loaded = load_program(program)
+        # What --pushdown moves, from the graph (the fixed program holds only the pieces, not the ops saved).
+        pushed = [o for o in inspect(loaded, device=device).outputs if o.pushdown] if pushdown else []
         fixed = transform(
             loaded, break_aliases=break_aliases, exact=exact, pushdown=pushdown, device=device,
             layouts=_layouts(layout),
@@ -340,11 +349,16 @@ def fix(
         save_program(fixed, output, input_path=program, overwrite=force)
     console = _stdout()
     console.print(f"wrote {literal(output)} (prepared for {platform.value}; {literal(program)} unchanged)")
+    for output_pushed in pushed:
+        saving = "" if output_pushed.flops_saved is None else f", {output_pushed.flops_saved:.0%} of those ops' FLOPs saved"
+        console.print(f"pushed down {literal(output_pushed.name)}: {literal(shortened_pushdown(output_pushed.pushdown))}{saving}")
+    if pushdown and not pushed:
+        console.print("pushed down no output: no returned piece can be computed from pieces of its producers' inputs")
     _print_copied(console, [(o.name, o.source_line) for o in report.outputs if o.copy_of is not None])
     if exact:
         console.print(literal(_proven(fixed.graph_module.meta[PROOF_KEY])))
-    _print_layout(console, f"{output}: {len(report.outputs)} user outputs ({report.dialect}, for {report.device})", report, wide)
-    raise typer.Exit(0 if report.ok else 1)
+    _print_layout(console, f"{output}: {counted(len(report.outputs), 'user output')} ({report.dialect}, for {report.device})", report, wide)
+    raise typer.Exit(EXIT_CODES[report.verdict])
 
 
 def _layouts(requests: Optional[list[str]]) -> Optional[dict]:
@@ -356,7 +370,9 @@ def _layouts(requests: Optional[list[str]]) -> Optional[dict]:
     for request in requests:
         name, separator, wanted = request.rpartition("=")
         if not separator or not name or not wanted:
-            raise ValueError(f"--layout {request!r}: give NAME=LAYOUT, e.g. image=channels_last or 0=keep")
+            refused = ValueError(f"--layout {request!r}: give NAME=LAYOUT, e.g. image=channels_last or 0=keep")
+            refused.command_line = str(refused)
+            raise refused
         layouts[int(name) if name.isdigit() else name] = wanted
     return layouts
 
@@ -472,8 +488,8 @@ def verify(
         Optional[float],
         typer.Option(
             "--memory",
-            help="Stop the check when its process holds more than this many GiB [default: three quarters of this "
-            "machine's memory].",
+            help="Stop the check when its process holds more than this many GiB (default: three quarters of this "
+            "machine's memory).",
             callback=_limit("GiB"),
             show_default=False,
         ),
@@ -523,10 +539,7 @@ def _verify_file(program: str, reference: Optional[str], device: str) -> VerifyR
 def _print_verify(console: Console, program: Path, measured: VerifyReport, wide: bool) -> None:
     title = f"{program}: compiled with AOTInductor on {measured.device} in {measured.compile_seconds:.1f} s and run"
     print_fitted(console, verify_shapes(title, measured), wide)
-    if measured.ok:
-        console.print("[green]every user output came back dense and equal to the eager program's[/]")
-    else:
-        console.print("[red]some output came back strided or with values that differ from the eager program's[/]")
+    console.print(("[green]" if measured.ok else "[red]") + literal(measured.summary) + "[/]")
 
 
 @app.command()
@@ -552,7 +565,7 @@ def main(arguments: Optional[list[str]] = None) -> None:
     json_output = "--json" in arguments
     with interruptible():
         try:
-            code = app(args=arguments, prog_name="strideguard", standalone_mode=False)
+            code = _command().main(args=arguments, prog_name="strideguard", standalone_mode=False)
         except click_exceptions.NoArgsIsHelpError:
             code = 2  # the usage was printed: no command is a usage error, as the docs say
         except click_exceptions.ClickException as error:
@@ -565,6 +578,25 @@ def main(arguments: Optional[list[str]] = None) -> None:
             _report_error(str(interrupted), json_output)
             code = interrupted.exit_code
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _command():
+    """The command line as click runs it, every ``--help`` shown as the flag it is (no ``<bool>`` beside it)."""
+    command = typer.main.get_command(app)
+    for each in [command, *getattr(command, "commands", {}).values()]:
+        found = each.get_help_option
+
+        def without_type(context, found=found):
+            option = found(context)
+            if option is not None:
+                option.metavar = ""
+            return option
+
+        each.get_help_option = without_type
+        for parameter in getattr(each, "params", ()):
+            if parameter.param_type_name == "argument":  # PROGRAM in the usage line, as the help text says it
+                parameter._usage_display_name = lambda shown=parameter.metavar or parameter.name.upper(): shown
+    return command
 
 
 def _usage_problem(error: click_exceptions.ClickException) -> str:

@@ -19,11 +19,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import BinaryIO, Optional, Sequence
+from typing import Any, BinaryIO, Optional, Sequence
 
 import matplotlib
 import numpy as np
+import sympy
 import torch
+import torch.utils._pytree as pytree
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
@@ -101,10 +103,51 @@ def draw_copies(program: ExportedProgram, report: LayoutReport, *, title: str) -
         return _draw_copies(program, report, one_line(title))[0]
 
 
+def example_sizes(program: ExportedProgram) -> dict[str, int]:
+    """Each symbolic size of ``program``'s inputs at the example inputs the program stores (``s77`` -> 4): a
+    dynamic program is drawn at those sizes. Empty where the program stores none."""
+    examples = getattr(program, "example_inputs", None)
+    if not examples:
+        return {}
+    args, kwargs = examples
+    leaves = pytree.tree_leaves((args, kwargs))
+    placeholders = [node for node in program.graph.nodes if node.op == "placeholder" and node.name in set(program.graph_signature.user_inputs)]
+    sizes = {}
+    for node, example in zip(placeholders, leaves):
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor) or not isinstance(example, torch.Tensor) or value.dim() != example.dim():
+            continue
+        for size, concrete in zip(value.shape, example.shape):
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                sizes.setdefault(str(size.node.expr), int(concrete))
+    return sizes
+
+
+def _at_examples(values: Sequence[Any], sizes: dict[str, int]) -> Optional[tuple[int, ...]]:
+    """Sizes or strides, symbolic ones evaluated at ``sizes``; ``None`` where a symbol has no example size."""
+    concrete = []
+    for value in values:
+        if isinstance(value, int):
+            concrete.append(value)
+            continue
+        try:
+            expression = sympy.sympify(str(value))
+            evaluated = expression.subs({sympy.Symbol(name, integer=True): size for name, size in sizes.items()})
+            evaluated = evaluated.subs({sympy.Symbol(name): size for name, size in sizes.items()})
+        except (sympy.SympifyError, TypeError, ValueError):
+            return None
+        if not evaluated.is_Integer:
+            return None
+        concrete.append(int(evaluated))
+    return tuple(concrete)
+
+
 def _draw_copies(program: ExportedProgram, report: LayoutReport, title: str) -> tuple[Figure, int]:
     copied = [output for output in report.outputs if output.action is Action.COPY]
     drawn = copied[:MAX_OUTPUTS]
-    storages = _storages(program, drawn)
+    sizes = example_sizes(program)
+    symbolic = any(not isinstance(n, int) for output in drawn for n in (*output.shape, *output.strides))
+    storages = _storages(program, drawn, sizes)
     rows = max(len(drawn), 1)
     figure = Figure(figsize=(15, 3.2 * rows + 0.8))
     FigureCanvasAgg(figure)
@@ -119,7 +162,7 @@ def _draw_copies(program: ExportedProgram, report: LayoutReport, title: str) -> 
         if storage is None:
             for axis in (before, after):
                 axis.set_axis_off()
-            before.text(0, 0.5, f"output {output.index} ({output.name}): symbolic sizes or strides, not drawn\n{output.explanation}")
+            before.text(0, 0.5, f"output {output.index} ({output.name}): {NOT_DRAWN}\n{output.explanation}")
             continue
         number = _numberable(storage)
         _draw_returned(before, output, storage, number)
@@ -130,6 +173,8 @@ def _draw_copies(program: ExportedProgram, report: LayoutReport, title: str) -> 
         for axis in (before, after):
             axis.set_ylim(bottom, -0.5)
     heading = title
+    if symbolic and sizes:
+        heading += "  (at the stored example sizes: " + ", ".join(f"{name} = {size}" for name, size in sizes.items()) + ")"
     if len(copied) > len(drawn):
         heading += f"  (first {len(drawn)} of {len(copied)} copied outputs drawn)"
     figure.suptitle(heading, fontsize=13)
@@ -141,22 +186,33 @@ def _draw_copies(program: ExportedProgram, report: LayoutReport, title: str) -> 
     return figure, len(drawn)
 
 
-def _storages(program: ExportedProgram, outputs: Sequence[OutputLayout]) -> dict[int, Optional[_Storage]]:
+NOT_DRAWN = "symbolic sizes or strides the stored example inputs do not fix, not drawn"
+
+
+def undrawn(program: ExportedProgram, report: LayoutReport) -> list[str]:
+    """The outputs ``plot_copies`` cannot draw, by name, for the terminal to say as the picture does."""
+    drawn = [output for output in report.outputs if output.action is Action.COPY][:MAX_OUTPUTS]
+    storages = _storages(program, drawn, example_sizes(program))
+    return [output.name or str(output.index) for output in drawn if storages.get(output.index) is None]
+
+
+def _storages(program: ExportedProgram, outputs: Sequence[OutputLayout], sizes: dict[str, int]) -> dict[int, Optional[_Storage]]:
     wanted = {output.index: output for output in outputs}
     storages = {}
     for fact in output_facts(program):
         output = wanted.get(fact.output.index)
         if output is not None and isinstance(fact.value, torch.Tensor):
-            storages[fact.output.index] = _storage(output, fact.value)
+            storages[fact.output.index] = _storage(output, fact.value, sizes)
     return storages
 
 
-def _storage(output: OutputLayout, value: torch.Tensor) -> Optional[_Storage]:
-    if not all(isinstance(n, int) for n in (*output.shape, *output.strides)):
+def _storage(output: OutputLayout, value: torch.Tensor, sizes: dict[str, int]) -> Optional[_Storage]:
+    shape, strides = _at_examples(output.shape, sizes), _at_examples(output.strides, sizes)
+    if shape is None or strides is None:
         return None
-    shape, strides = tuple(output.shape), tuple(output.strides)
+    symbolic = shape != tuple(output.shape) or strides != tuple(output.strides)
     extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides)) if all(shape) else 0
-    if tuple(density.format_strides(value.stride())) == strides and isinstance(value.storage_offset(), int):
+    if not symbolic and tuple(density.format_strides(value.stride())) == strides and isinstance(value.storage_offset(), int):
         offset = value.storage_offset()
         size = max(value.untyped_storage().nbytes() // value.element_size(), offset + extent)
     else:

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .program.loading.errors import one_line
-from .program.records import CELLS, LayoutReport, OutputCheck, OutputLayout, SOURCE_SHOWN, VerifyReport
+from .program.records import CELLS, LayoutReport, listed, OutputCheck, OutputLayout, SOURCE_SHOWN, VerifyReport
 
 LAYOUT_NARROW = ("#", "name", "shape", "dtype", "strides", "layout", "fix")
 """The columns of ``inspect``'s table that a narrower terminal still gets (``CELLS`` is the whole row)."""
@@ -85,8 +85,8 @@ def _check_cells(check: OutputCheck, referenced: bool, names: Sequence[str]) -> 
     cells = {
         "#": f"[{'green' if check.ok else 'red'}]{check.index}[/]",
         "name": literal(check.name or "-"),
-        "shape": literal(list(check.shape)) if tensor else literal(check.kind),
-        "strides returned": literal(list(check.strides)) if tensor else "-",
+        "shape": literal(listed(check.shape)) if tensor else literal(check.kind),
+        "strides returned": literal(listed(check.strides)) if tensor else "-",
         "offset": literal(check.storage_offset) if tensor else "-",
         "layout": f"[{'green' if check.ok or not tensor else 'red'}]{literal(check.verdict)}[/]",
         "max |err|": f"{check.max_abs_error:g}" if check.max_abs_error is not None else "-",
@@ -106,7 +106,7 @@ def _as_predicted(check: OutputCheck) -> str:
         return "-" if check.lowered_strides is None else "[yellow]Inductor decided[/]"
     if check.as_predicted:
         return "yes" if check.predicted_strides is not None else "yes (lowering)"
-    return f"[red]no[/]: {literal(f'predicted {check.predicted_strides}, lowered {check.lowered_strides}')}"
+    return f"[red]no[/]: {literal(f'predicted {listed(check.predicted_strides or ())}, lowered {listed(check.lowered_strides or ())}')}"
 
 
 def _table(title: str, caption: Optional[str], columns: Sequence[str], rows: list[dict[str, str]]) -> Table:
@@ -201,6 +201,6 @@ def verify_shapes(title: str, measured: VerifyReport) -> list[RenderableType]:
     head = lambda row: f"{row['#']} [bold]{row['name']}[/]  {row['shape']}  strides {row['strides returned']}"
     return [
         _table(literal(title), None, columns, rows),
-        _table(literal(title), None, VERIFY_NARROW, rows),
+        _table(literal(title), None, VERIFY_NARROW + (("|err| vs reference",) if referenced else ()), rows),
         _blocks(literal(title), None, rows, head, columns[4:]),
     ]

@@ -103,11 +103,11 @@ for name, arguments, folder in json.loads(sys.argv[1]):
         out = os.open(os.path.join(folder, name + ".stdout"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         err = os.open(os.path.join(folder, name + ".stderr"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(out, 1); os.dup2(err, 2)
-        code = 3
+        code = 99  # no exit at all: not one of the command line's codes
         try:
             strideguard.cli.main(arguments)
         except SystemExit as exit:
-            code = exit.code if isinstance(exit.code, int) else 3
+            code = exit.code if isinstance(exit.code, int) else 99
         finally:
             sys.stdout.flush(); sys.stderr.flush()
             os._exit(code)
@@ -263,7 +263,7 @@ def _ends_within_budget(run: dict, name: str) -> None:
         limit = COMPILE_SECONDS if verb == "compile" else BUDGET_SECONDS
     assert run["seconds"] < limit, f"{name} took {run['seconds']:.1f} s"
     assert 0 <= run["added"] < BUDGET_BYTES, f"{name} added {run['added'] >> 20} MiB"
-    assert run["code"] in (0, 1, 2), run["stderr"][-2000:]
+    assert run["code"] in (0, 1, 2, 3), run["stderr"][-2000:]  # 3: a result, some output undecided
     if run["code"] == 2:
         [line] = run["stderr"].splitlines()
         assert line.startswith("strideguard: error: ")
@@ -290,7 +290,7 @@ def test_the_costly_files_end_as_they_should(measured):
     assert runs["chain.fix"]["code"] == 0 and runs["chain.fix-exact"]["code"] == 0
     stopped = runs["unbounded-loop.verify"]
     assert stopped["code"] == 2 and f"ran past the time limit of {VERIFY_TIMEOUT} s" in stopped["stderr"]
-    assert runs["unbounded-loop.inspect"]["code"] in (0, 1)
+    assert runs["unbounded-loop.inspect"]["code"] in (0, 1, 3)
     assert runs["node-named-self.verify"]["code"] == 2
     for case in REFUSED:
         for verb in VERBS:

@@ -133,7 +133,7 @@ def test_inspect_shows_the_strided_output_and_exits_1(programs):
     assert result.returncode == 1, result.stderr
     assert "output" in result.stdout and "[128, 16, 1]" in result.stdout
     assert "slice(dim=2, 0:14)" in result.stdout
-    assert "1 of 1 user outputs would not come back dense" in result.stdout
+    assert "1 user output: 0 in layout, 1 out of layout; fix copies it" in result.stdout
 
 
 @pytest.mark.commands

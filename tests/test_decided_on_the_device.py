@@ -26,6 +26,7 @@ from strideguard.compiler.lowering import lower_outputs
 from strideguard.compiler.padded_matmuls import laid_out_by_benchmark
 from strideguard.compiler.targets import resolve_target
 from strideguard.program import density
+from strideguard.program.copies import output_copies
 from strideguard.program.promises import target_dim_orders
 from strideguard.prove.proof import PROOF_KEY
 from strideguard.prove.verification import compile_program
@@ -114,7 +115,7 @@ def test_the_report_before_the_fix_names_pad_mm_as_the_decider(heads, caplog):
         assert "[16, 1]" in output.explanation or "50264" in output.explanation
     # a row of the logits is strided under either branch: out of layout, not undecided
     assert by_name["last"].in_target_layout is False and by_name["last"].reason.value == "strided"
-    assert "the device's benchmark decides (pad_mm)" in str(report)
+    assert "the device's benchmark decides (pad_mm)" in " ".join(str(report).split())
     assert "pad_mm pads" in caplog.text and "benchmark-decides" in caplog.text
 
 
@@ -154,6 +155,36 @@ def test_a_users_forced_padding_is_decided_not_undecided(heads):
     lowering = lower_outputs(heads, target=SM87, inductor_configs={"force_shape_pad": True})
     assert lowering.pad_decisions == ()
     assert lowering.outputs[1].strides == (16, 1) and lowering.outputs[1].alternatives == ()
+
+
+HOLDS_OUTPUTS_TO_TRACED_STRIDES = hasattr(torch._inductor.config, "strict_output_strides")
+
+
+@pytest.mark.skipif(not HOLDS_OUTPUTS_TO_TRACED_STRIDES, reason=(
+    f"torch {torch.__version__} has no strict_output_strides (2.14 and later: lanes 2 and 2b run this)"))
+@pytest.mark.compiles
+@pytest.mark.lowers
+def test_with_strict_output_strides_no_benchmark_reaches_a_returned_output(heads, tmp_path):
+    """Torch 2.14+ with ``strict_output_strides`` returns every output, views included, in the strides recorded
+    before ``pad_mm``: the padded products come back unpadded, from the graph alone, the lowering and a compile
+    with padding forced; only the row of the logits, strided in any branch, is copied."""
+    strict = {"strict_output_strides": True}
+    with torch._inductor.config.patch(strict):
+        for exact in (False, True):
+            by_name = {output.name: output for output in strideguard.inspect(heads, exact=exact, device="cuda:sm87").outputs}
+            assert [by_name[name].reason.value for name in NAMES] == ["in-layout", "in-layout", "strided"], exact
+        with forced_pad_mm():
+            run = compile_program(heads, str(tmp_path))
+        got = run(*heads_inputs())
+        for name in ("logits", "actions"):
+            assert (tuple(got[name].stride()), got[name].storage_offset()) == (ROW_MAJOR[name], 0), name
+    for fixed in (
+        strideguard.densify_outputs(heads, device="cuda:sm87", inductor_configs=strict),
+        strideguard.densify_outputs(heads, device="cuda:sm87", inductor_configs=strict, exact=True),
+    ):
+        returned = [node for node in fixed.graph.output_node().args[0]]
+        copied = {NAMES[returned.index(node)] for node in output_copies(fixed.graph)}
+        assert copied == {"last"}
 
 
 def test_from_the_graph_alone_a_product_the_benchmark_may_pad_is_copied_and_what_reads_it_is_not(heads):

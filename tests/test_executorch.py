@@ -26,7 +26,7 @@ from strideguard.program.dialect import aten_op
 from strideguard.program.ops import is_view_op
 from strideguard.executorch import DenseOutputsPass, ReplaceViewCopyWithViewPass, protect_partitioner
 from strideguard.program.density import dim_order_of, has_layout
-from strideguard.program.copies import copied_source
+from strideguard.program.copies import copied_source, copy_form_of, CopyForm
 from strideguard.program.copies import output_copies
 from strideguard.testing.executorch_cpu import StrideguardCpuAotiBackend, lower_and_run
 
@@ -115,8 +115,9 @@ def test_dense_outputs_pass_inserts_one_copy_per_output_out_of_layout_and_nothin
     returned = list(edge_program.graph.output_node().args[0])
     copies = output_copies(edge_program.graph)
     assert sorted(returned.index(c) for c in copies) == [0, 1, 3]
-    neg, clone = ops.edge.aten.neg.default, ops.edge.dim_order_ops._clone_dim_order.default
-    assert all([n.target for n in (c, c.args[0], c.args[0].args[0])] == [neg, neg, clone] for c in copies)
+    # each in the form Inductor keeps (what it is made of is program/copies.py's to know), in the promised order
+    assert all(copy_form_of(c) == CopyForm.KEPT.value for c in copies)
+    assert all(c.meta["val"].is_contiguous() for c in copies)
     # The returned detach is a copy already (alias_copy, which Inductor lowers natively): not copied twice.
     detach = returned[6]
     assert detach.target == ops.edge.aten.alias_copy.default
@@ -192,12 +193,10 @@ def test_prepare_for_aoti_converts_views_copies_what_needs_it_and_validates(skip
     edge = to_edge(program, compile_config=EdgeCompileConfig(_skip_dim_order=skip_dim_order)).exported_program()
     prepared = strideguard.prepare_for_aoti(edge)
     prepared.validate()
-    copy_op = ops.edge.aten.clone.default if skip_dim_order else ops.edge.dim_order_ops._clone_dim_order.default
-    wrong_op = ops.edge.dim_order_ops._clone_dim_order.default if skip_dim_order else ops.edge.aten.clone.default
     returned = list(prepared.graph.output_node().args[0])
     new = [n for n in prepared.graph.nodes if n.name not in {m.name for m in edge.graph.nodes}]
-    assert {n.target for n in new} == {copy_op, ops.edge.aten.neg.default}
-    assert wrong_op not in {n.target for n in new}
+    # only copies were added, each whole, in ops this mode's verifier accepts (prepared.validate() above)
+    assert new and all(copy_form_of(n) is not None for n in new)
     copied = sorted(returned.index(n) for n in output_copies(prepared.graph))
     # The slice and select, which ExecuTorch turns into views anyway, are copied; the split
     # chunk is copied only if its split became a view, else the split copy already writes it dense.
@@ -206,7 +205,7 @@ def test_prepare_for_aoti_converts_views_copies_what_needs_it_and_validates(skip
     assert copied == ([0, 1] if split_kept_a_copy else [0, 1, 3])
     # The slices feeding the score matmul became views and were not copied.
     slices = [n for n in prepared.graph.nodes if n.op == "call_function" and aten_op(n.target) is torch.ops.aten.slice.Tensor]
-    copied_slices = [n for n in slices if any(u.target == copy_op for u in n.users)]
+    copied_slices = [n for n in slices if any(copy_form_of(u) is not None for u in n.users)]
     assert len(slices) == 3 and copied_slices == [copied_source(returned[0])]
     # The transposed attention output keeps its promised (contiguous) order: it stays the one
     # copy that writes it, and gets no second one.

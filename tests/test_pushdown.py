@@ -212,6 +212,7 @@ def test_edge_pushdown_validates_and_keeps_values(program, skip_dim_order):
 
 
 @needs_executorch
+@pytest.mark.lowers
 def test_the_executorch_pass_pushes_down_when_asked(program):
     from strideguard.executorch import DenseOutputsPass
 
@@ -220,6 +221,13 @@ def test_the_executorch_pass_pushes_down_when_asked(program):
     assert result.modified
     assert graph_flops(result.exported_program.graph) < graph_flops(edge.graph)
     result.exported_program.validate()
+    # every output in its promised layout by the lowering, and the values within the pushdown's tolerance
+    assert strideguard.inspect(result.exported_program, exact=True).ok
+    expected = pytree.tree_leaves(edge.module()(*inputs()))
+    got = pytree.tree_leaves(result.exported_program.module()(*inputs()))
+    assert len(got) == len(expected)
+    for before, after in zip(expected, got):
+        torch.testing.assert_close(after, before, rtol=PUSHDOWN_TOLERANCE[0], atol=PUSHDOWN_TOLERANCE[1])
 
 
 @pytest.mark.lowers

@@ -281,7 +281,8 @@ def _report() -> VerifyReport:
     return VerifyReport(device="cpu", compile_seconds=12.0, outputs=first, runs=(("inputs 1", second),))
 
 
-def test_a_verify_report_prints_its_reference_error_and_every_run():
+def test_a_verify_report_prints_its_reference_error_and_every_run(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # each line whole: the lines are what this test reads
     text = str(_report())
     assert text.startswith("NOT OK: compiled in 12.0 s on cpu")
     assert "[0] actions: strides [3, 1]: in layout, max|err| 0, match, |err| vs reference 2.5e-07" in text

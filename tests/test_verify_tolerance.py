@@ -229,7 +229,7 @@ def test_the_report_says_which_tolerance_was_applied():
     wrong = _check_one(_output("out"), reference * 1.1, reference, {}, {}, OutputExpectation(tolerance=tolerance))
     assert not wrong.match and not wrong.ok
     text = str(strideguard.VerifyReport(device="cpu", compile_seconds=0.0, outputs=(wrong,)))
-    assert "MISMATCH (rtol 0.016, atol 0.016)" in text, text
+    assert "MISMATCH (rtol 0.016, atol 0.016)" in " ".join(text.split()), text
 
 
 class Linear(torch.nn.Module):

@@ -105,13 +105,21 @@ def test_view_geometry_is_torchs(data):
 
 def test_common_views_are_answered_by_arithmetic():
     """The views planning meets most are never dispatched."""
-    base = Geometry.of(torch.empty(4, 6, 8, device="meta"))
-    for op, args in [
-        (aten.slice.Tensor, (2, 0, 5)), (aten.select.int, (1, -1)), (aten.permute.default, ([2, 0, 1],)),
-        (aten.expand.default, ([2, 4, 6, 8],)), (aten.unsqueeze.default, (1,)), (aten.split.Tensor, (3, 1)),
-        (aten.view.default, ([24, 8],)),
+    tensor = torch.empty(4, 6, 8, device="meta")
+    base = Geometry.of(tensor)
+    for op, args, pick in [
+        (aten.slice.Tensor, (2, 0, 5), None), (aten.select.int, (1, -1), None), (aten.permute.default, ([2, 0, 1],), None),
+        (aten.expand.default, ([2, 4, 6, 8],), None), (aten.unsqueeze.default, (1,), None),
+        (aten.split.Tensor, (3, 1), 1), (aten.view.default, ([24, 8],), None),
     ]:
-        assert view_geometry(op, base, args, {}) is not None, op
+        found = view_geometry(op, base, args, {})
+        assert found is not None, op
+        expected = op(tensor, *args)
+        expected = expected[pick] if pick is not None else expected
+        found = found[pick] if isinstance(found, (list, tuple)) else found
+        assert (tuple(found.shape), tuple(found.strides), found.offset) == (
+            tuple(expected.shape), expected.stride(), expected.storage_offset()
+        ), op
 
 
 def test_a_view_of_a_size_one_dimension_with_another_stride_is_torchs():

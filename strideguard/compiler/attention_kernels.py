@@ -209,8 +209,29 @@ def _choice_of_call(name: str, call: _Call, target: Target) -> KernelChoice:
     if unbatched and enabled[MATH] and MATH not in candidates:
         candidates.append(MATH)
     if not candidates:
-        raise RuntimeError(f"strideguard: no SDPA kernel CUDA could run for {name} with the backends enabled")
+        refusals = [_refusal(backend, q, mask, target) for backend in enabled if enabled[backend]]
+        raise RuntimeError(
+            f"strideguard: no SDPA kernel CUDA could run for {name} with the backends enabled "
+            f"({', '.join(backend for backend in enabled if enabled[backend]) or 'none'}): " + "; ".join(refusals)
+        )
     return KernelChoice(name, tuple(candidates), "; ".join(dict.fromkeys(w for w in why if w)) if len(candidates) > 1 else None)
+
+
+def _refusal(backend: str, q: torch.Tensor, mask: Any, target) -> str:
+    """Why ``backend`` cannot run an attention, in the words of torch's own first refusal that applies."""
+    dtype = str(q.dtype).removeprefix("torch.")
+    if backend == FLASH:
+        if mask is not None:
+            return "flash attention takes no attention mask"
+        if not (8, 0) <= target.capability <= (12, 1):
+            return f"flash attention needs sm80 to sm121, not {target.sm}"
+        if q.dtype not in (torch.float16, torch.bfloat16):
+            return f"flash attention takes float16 or bfloat16, not {dtype}"
+    if backend == EFFICIENT and not (5, 0) <= target.capability <= (12, 1):
+        return f"memory-efficient attention needs sm50 to sm121, not {target.sm}"
+    if backend == CUDNN and q.dtype not in (torch.float16, torch.bfloat16):
+        return f"cuDNN attention takes float16 or bfloat16, not {dtype}"
+    return f"{backend} attention's conditions on these sizes and strides do not hold"
 
 
 def _cudnn_preferred(capability: tuple[int, int]) -> Optional[bool]:

@@ -158,9 +158,10 @@ def _of_compute(tensor: torch.Tensor, chain: list[Node], base: Node, compilation
     values, op_of, returned = compilation.values, compilation.op_of, compilation.returned
     if base in compilation.relaid:
         name = op_name(op_of(base)) or getattr(base.target, "__name__", str(base.target))
+        origin = compilation.relaid.origin(base) if hasattr(compilation.relaid, "origin") else None
         return LeftToInductor(
             tuple(tensor.stride()),
-            why=f"{name} reads a view that now has other strides, so Inductor lays it out afresh",
+            why=f"{name} is computed from {origin or 'what Inductor lays out otherwise than traced'}, so Inductor may lay it out afresh",
             any_layout=True,
         )
     decomposition = _decomposed(base, values, op_of)

@@ -36,11 +36,20 @@ there is not compute-bound on any device of that capability. For any other
 capability the figures are unknown, and Inductor's own answer when it cannot
 read them is "compute-bound": the benchmark may then decide every unaligned
 matmul, as it may on such a device.
+
+Torch 2.14 and later record the strides a returned output must have before
+the joint-graph passes, and with ``strict_output_strides`` on hold every
+returned output, views included, to them exactly: a padded product is then
+copied back to its unpadded strides by Inductor itself, and no benchmark
+reaches a returned output (``outputs_held_to_traced_strides``). On 2.13 the
+option does not exist, and the padded strides are the ones recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Iterator, Optional
 
 import torch
 
@@ -78,7 +87,7 @@ def laid_out_by_benchmark(graph: torch.fx.Graph, target: Target) -> dict[str, st
     from ..program import ops
     from .fake_device import pad_alignment
 
-    if not config.shape_padding:
+    if not config.shape_padding or outputs_held_to_traced_strides():
         return {}
     decided = {}
     for node in graph.nodes:
@@ -100,6 +109,31 @@ def laid_out_by_benchmark(graph: torch.fx.Graph, target: Target) -> dict[str, st
             "says the padded kernel is faster, and return a slice of it"
         )
     return decided
+
+
+CONFIGS_READ = ("shape_padding", "force_shape_pad", "strict_output_strides")
+"""The Inductor options ``laid_out_by_benchmark`` reads: the graph-only analysis asks them of the options a
+program is to be compiled with (``densify_outputs(inductor_configs=...)``)."""
+
+
+def outputs_held_to_traced_strides() -> bool:
+    """Whether Inductor returns every output in the strides recorded before its joint-graph passes, views
+    included (torch 2.14 and later, ``strict_output_strides``), so that nothing those passes do, padding
+    included, reaches a returned output's layout."""
+    from torch._inductor import config
+
+    return bool(getattr(config, "strict_output_strides", False))
+
+
+@contextlib.contextmanager
+def options_of_the_compile(inductor_configs: Optional[dict]) -> Iterator[None]:
+    """Inductor's options, for the graph-only analysis inside, as a compile with ``inductor_configs`` reads them
+    (only those it reads: ``CONFIGS_READ``)."""
+    from torch._inductor import config
+
+    asked = {key: value for key, value in (inductor_configs or {}).items() if key in CONFIGS_READ and hasattr(config, key)}
+    with config.patch(asked):
+        yield
 
 
 def _unaligned(length, alignment: int) -> bool:

@@ -53,7 +53,7 @@ class RelaidNodes:
         self.geometry = geometry
         self.op_of = op_of
         self._strides_of = partial(_strides_as_traced, converted=self.converted, geometry=geometry)
-        self._changed: dict[Node, bool] = {}
+        self._changed: dict[Node, Optional[str]] = {}
         self._reached: dict[Node, bool] = {}
         """Whether a node may be laid out otherwise than traced: changed itself, or reading what is."""
 
@@ -66,26 +66,47 @@ class RelaidNodes:
 
     def changed(self, node: Node) -> bool:
         """Whether ``node``'s own layout changes in the graph Inductor traces (the five causes above)."""
-        found = self._changed.get(node)
-        if found is None:
-            found = self._changed[node] = self._changes(node)
-        return found
+        return self.change(node) is not None
 
-    def _changes(self, node: Node) -> bool:
+    def change(self, node: Node) -> Optional[str]:
+        """How ``node``'s own layout changes in the graph Inductor traces, in words naming the node (one of the
+        five causes above), or ``None`` where it does not."""
+        if node not in self._changed:
+            self._changed[node] = self._changes(node)
+        return self._changed[node]
+
+    def origin(self, node: Node) -> Optional[str]:
+        """What makes ``node`` laid out otherwise than traced, in words: the nearest node it reads, through ops
+        that follow their inputs' layout, whose own layout changes (``change``); ``None`` where nothing does."""
+        seen, frontier = set(), [node]
+        while frontier:
+            current = frontier.pop(0)
+            if current in seen:
+                continue
+            seen.add(current)
+            if self.changed(current):
+                return self.change(current)
+            if current.op == "call_function" and not lays_out_its_own_result(current, self.op_of(current)):
+                frontier.extend(source for source in current.all_input_nodes if self.reached(source))
+        return None
+
+    def _changes(self, node: Node) -> Optional[str]:
         if node.op == "placeholder":
-            return _channels_last_input(node)
+            return f"the input {node.name}, which Inductor may see as channels-last" if _channels_last_input(node) else None
         if node.op != "call_function":
-            return False
+            return None
         if node in self.converted and _relaid(self.geometry(node), node):
-            return True
+            return f"{node.name}, a view copy made a view, whose strides order the dimensions otherwise"
         op = self.op_of(node)
         # each check reads one family of ops: asked of the node's packet first, the cheap question
         packet = ops.packet_of(op)
-        return (
-            (packet in ops.CONCATENATIONS and _decomposition_relays(node, op))
-            or (packet is _VIEW_COPY and _clones_a_strided_view(node, op))
-            or (packet in ops.RESHAPES and _undoes_a_view(node, op, self.op_of, self._strides_of))
-        )
+        if packet in ops.CONCATENATIONS and _decomposition_relays(node, op):
+            return f"{node.name}, a concatenation Inductor's decomposition lays out like one of its inputs"
+        if packet is _VIEW_COPY and _clones_a_strided_view(node, op):
+            return f"{node.name}, a view copy Inductor decomposes into a clone in the strided view's layout"
+        if packet in ops.RESHAPES and _undoes_a_view(node, op, self.op_of, self._strides_of):
+            return f"{node.name}, a pair of views Inductor replaces with their input, which has other strides"
+        return None
 
     def reached(self, node: Node) -> bool:
         """Whether ``node`` is changed or reads, through ops that follow their inputs' layout, what is; with a

@@ -28,7 +28,7 @@ from ..compiler.compiled_layout import Compilation, compiled_layout, CompiledLay
 from ..program import density, ops
 from ..program.copies import copied_source
 from ..program.dialect import Dialect
-from ..program.exported import output_values, placeholder_roles, user_outputs, UserOutput
+from ..program.exported import output_values, placeholder_roles, PUSHED_DOWN, user_outputs, UserOutput
 from ..program.fake_values import storage_key
 from ..program.naming import positional_names, source_line
 from ..program.ops import is_higher_order, is_view_op, op_name
@@ -138,9 +138,11 @@ class OutputAnalysis:
 
     def __init__(
         self, graph: torch.fx.Graph, signature: ExportGraphSignature, compilation: Compilation,
-        names: Optional[list[str]] = None,
+        names: Optional[list[str]] = None, predicts: bool = True,
     ):
         self.compilation = compilation
+        self.predicts = predicts
+        """Whether the graph-only predictor (``compiler.compiled_layout``) runs: not where a lowering decides."""
         self.roles = placeholder_roles(signature)
         self.returned = output_values(graph)
         self.outputs = user_outputs(signature)
@@ -175,7 +177,7 @@ class OutputAnalysis:
         shape = tuple(tensor.shape)
         if target_order is None:
             target_order = density.identity_order(tensor.dim())
-        compiled = compiled_layout(tensor, chain, base, base_role, self.compilation)
+        compiled = compiled_layout(tensor, chain, base, base_role, self.compilation) if self.predicts else _unpredicted(tensor)
         strides = compiled.strides
 
         contiguous = density.is_contiguous(shape, strides)
@@ -189,8 +191,11 @@ class OutputAnalysis:
         copied = copied_source(node)
         copy_of = self._described(*self._view_chain(copied)) if copied is not None else None
         cause = None
+        pushed = node.meta.get("custom", {}).get(PUSHED_DOWN) if copy_of is None else None
         if copy_of is not None:  # strideguard's own copy, even one that ends in a permutation (a view)
             cause = f"copied: {copy_of}"
+        elif isinstance(pushed, str):  # the user's own indices, not those of the narrowed piece now returned
+            cause = f"pushed down: {pushed}"
         elif chain:
             cause = self._described(chain, base)
         elif in_target is not True:
@@ -254,6 +259,7 @@ def analyze_outputs(
     target_orders: Optional[Mapping[int, tuple[int, ...]]] = None,
     relaid: Container[Node] = frozenset(),
     names: Optional[list[str]] = None,
+    predicts: bool = True,
 ) -> list[OutputFacts]:
     """Facts for each user output of ``graph``.
 
@@ -262,10 +268,18 @@ def analyze_outputs(
     output's index to its promised dim order (contiguous when absent);
     ``relaid`` holds the compute nodes whose layout those conversions may change;
     ``names`` each output's name in the user's words (``program.naming.output_names``; positional without).
+    With ``predicts=False`` (a lowering will decide every layout) no prediction is made: each tensor output is
+    left undecided until the lowering's strides replace it (``decide.revisions.exact_facts``).
     """
     returned = frozenset(v for v in output_values(graph) if isinstance(v, Node))
     compilation = Compilation(values, op_of, returned, relaid)
-    return OutputAnalysis(graph, signature, compilation, names).facts(target_orders or {})
+    return OutputAnalysis(graph, signature, compilation, names, predicts).facts(target_orders or {})
+
+
+def _unpredicted(tensor: torch.Tensor) -> LeftToInductor:
+    """What stands for a prediction where Inductor's lowering decides: undecided, and copied should the
+    lowering not return the output as a tensor."""
+    return LeftToInductor(tuple(tensor.stride()), why="left to Inductor's lowering, which did not lay it out", any_layout=True)
 
 
 def _described_chain(chain: list[Node], op_of: Ops, shown: int = 6) -> list[str]:

@@ -68,21 +68,32 @@ def resolve_layouts(program: ExportedProgram, layouts: Optional[Mapping[Any, Any
     dialect = dialect_of(program)
     resolved: dict[int, Any] = {}
     for key, wanted in layouts.items():
-        index = _output_index(key, names, function)
-        where = f"strideguard.{function}: layouts[{key!r}]"
-        if index in resolved:
-            raise ValueError(f"{where}: output {names[index]} is given a layout twice")
-        value = values[index]
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(f"{where}: output {names[index]} is not a tensor and has no layout")
-        order = _dim_order(wanted, value.dim(), f"{where} (output {names[index]}, {value.dim()}-d)")
-        if order != KEEP and dialect.is_edge and not copies_into(dialect, order):
-            raise ValueError(
-                f"{where}: dim order {list(order)} is not one an Edge program's copy ops write (contiguous, or "
-                "channels-last" + (" in 4-D" if dialect is Dialect.EDGE_DIM_ORDER else "") + ")"
-            )
-        resolved[index] = order
+        try:
+            resolved.update(_resolved(key, wanted, names, values, dialect, function, resolved))
+        except (TypeError, ValueError) as refused:
+            # The same problem in the command line's words, for a user who typed --layout NAME=LAYOUT.
+            refused.command_line = str(refused).replace(f"strideguard.{function}: layouts[{key!r}]", f"--layout {key}", 1) \
+                .replace(f"strideguard.{function}: layouts[{key}]", f"--layout {key}", 1)
+            raise
     return resolved
+
+
+def _resolved(key, wanted, names, values, dialect, function: str, resolved: dict) -> dict[int, Any]:
+    """One request of ``layouts`` checked: ``{index: dim order or KEEP}``."""
+    index = _output_index(key, names, function)
+    where = f"strideguard.{function}: layouts[{key!r}]"
+    if index in resolved:
+        raise ValueError(f"{where}: output {names[index]} is given a layout twice")
+    value = values[index]
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{where}: output {names[index]} is not a tensor and has no layout")
+    order = _dim_order(wanted, value.dim(), f"{where} (output {names[index]}, {value.dim()}-d)")
+    if order != KEEP and dialect.is_edge and not copies_into(dialect, order):
+        raise ValueError(
+            f"{where}: dim order {list(order)} is not one an Edge program's copy ops write (contiguous, or "
+            "channels-last" + (" in 4-D" if dialect is Dialect.EDGE_DIM_ORDER else "") + ")"
+        )
+    return {index: order}
 
 
 def _output_index(key: Any, names: list[str], function: str) -> int:
@@ -90,7 +101,9 @@ def _output_index(key: Any, names: list[str], function: str) -> int:
         raise TypeError(f"strideguard.{function}: layouts keys are output names or indices, got {key!r}")
     if isinstance(key, int):
         if not 0 <= key < len(names):
-            raise ValueError(f"strideguard.{function}: layouts[{key}]: the program has {len(names)} user outputs")
+            raise ValueError(
+                f"strideguard.{function}: layouts[{key}]: the program has {len(names)} user output{'s' if len(names) != 1 else ''}"
+            )
         return key
     if key not in names:
         raise ValueError(

@@ -155,8 +155,9 @@ def make_plan(
         values=conversion.view_values.value,
         op_of=conversion.view_values.op_of,
         target_orders=target_orders,
-        relaid=conversion.relaid(),
+        relaid=conversion.relaid() if lowering is None else frozenset(),
         names=list(names) if names is not None else None,
+        predicts=lowering is None,  # with a lowering, its strides decide: the predictor does not run
     )
     if lowering is not None:
         facts = exact_facts(facts, lowering)

@@ -8,12 +8,80 @@ names (the command line's ``--json`` writes them as they are).
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Optional, Sequence
 
 
-class AliasKind(str, Enum):
+class Word(str, Enum):
+    """An enum whose members print as their values everywhere (``int``, not ``OutputKind.INT``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = lambda self, spec: format(self.value, spec)
+
+
+def listed(sizes: Sequence[Any]) -> str:
+    """Sizes or strides as a report prints them: ``[s40, 10, 7]`` (a symbol without quotes)."""
+    return "[" + ", ".join(str(size) for size in sizes) + "]"
+
+
+def labelled(index: int, name: Optional[str]) -> str:
+    """An output as a report's line starts: ``[2] actions``; ``[0]`` alone where its name is its index
+    (the first of a tuple), not ``[0] [0]``."""
+    return f"[{index}]" if not name or name == f"[{index}]" else f"[{index}] {name}"
+
+
+SHOWN_THROUGH = 4
+"""Ops a printed pushdown names on its way (the rest counted; the record and the JSON keep them all)."""
+
+
+def shortened_pushdown(description: str) -> str:
+    """A pushdown's description as a report prints it: a long list of ops it moves through cut to the first
+    ``SHOWN_THROUGH``, with a count of the rest."""
+    head, through, tail = description.partition(" pushed through ")
+    ops, into, last = tail.rpartition(" into ")
+    names = ops.split(", ") if through and into else []
+    if len(names) <= SHOWN_THROUGH:
+        return description
+    return f"{head} pushed through {', '.join(names[:SHOWN_THROUGH])} and {len(names) - SHOWN_THROUGH} more ops into {last}"
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 user output``, ``3 user outputs``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+DEFAULT_WIDTH = 80
+"""The width ``str()`` of a report fits where neither ``COLUMNS`` nor a terminal says one."""
+
+
+def terminal_width() -> int:
+    """The width a report printed from Python fits: ``COLUMNS``, else the terminal's, else ``DEFAULT_WIDTH``
+    (as the command line's tables)."""
+    return max(20, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+
+
+def fitted_lines(lines: Sequence[str], width: Optional[int] = None) -> str:
+    """``lines`` wrapped at word boundaries to ``width`` (``terminal_width()``), each continuation indented
+    under its line; a word longer than the width (a path in a stack trace) is broken."""
+    width = width or terminal_width()
+    wrapped = []
+    for line in lines:
+        if len(line) <= width:
+            wrapped.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        wrapped += textwrap.wrap(
+            line, width=width, subsequent_indent=indent + "    ", break_on_hyphens=False, drop_whitespace=True,
+        ) or [line[:width]]
+    return "\n".join(wrapped)
+
+
+class AliasKind(Word):
     INPUT = "input"
     PARAMETER = "parameter"
     BUFFER = "buffer"
@@ -48,12 +116,12 @@ def memory_group_peer(group: Sequence[int], index: int) -> list[int]:
     return others[:1]
 
 
-class Action(str, Enum):
+class Action(Word):
     NONE = "none"
     COPY = "copy"
 
 
-class OutputKind(str, Enum):
+class OutputKind(Word):
     """What a user output is. A ``str`` enum: ``kind == "tensor"`` reads as it did."""
 
     TENSOR = "tensor"
@@ -67,7 +135,7 @@ class OutputKind(str, Enum):
     OTHER = "other"
 
 
-class Reason(str, Enum):
+class Reason(Word):
     """Why an output gets a copy or not; ``OutputLayout.explanation`` says it with the output's numbers."""
 
     IN_LAYOUT = "in-layout"
@@ -119,6 +187,10 @@ UNDECIDED_BY = {
     Reason.CONTROL_FLOW: "control flow decides",
 }
 """The verdict of an output whose layout is not decided here: who decides it."""
+
+DECIDED_BY_EXACT = frozenset({Reason.INDUCTOR_DECIDES, Reason.BACKEND_DECIDES})
+"""Undecided from the graph alone, decided by Inductor's lowering (``exact=True``); what the device decides
+(its kernel choice, its benchmark) stays undecided until it compiles."""
 
 
 def layout_verdict(
@@ -219,9 +291,9 @@ class OutputLayout:
         return {
             "#": str(self.index),
             "name": self.name or "-",
-            "shape": str(list(self.shape)) if tensor else "-",
+            "shape": listed(self.shape) if tensor else "-",
             "dtype": (self.dtype or "-") if tensor else self.kind.value,
-            "strides": str(list(self.strides)) if tensor else "-",
+            "strides": listed(self.strides) if tensor else "-",
             "layout": self.verdict,
             "fix": "copy" if self.action is Action.COPY else "-",
             "aliases": ", ".join(alias.said(output_names) for alias in self.aliases) or "-",
@@ -265,7 +337,45 @@ class LayoutReport:
 
     @property
     def ok(self) -> bool:
+        """Every user output comes back dense in its target layout, or as asked: decided, not undecided."""
         return all(o.ok for o in self.outputs)
+
+    @property
+    def out_of_layout(self) -> tuple[OutputLayout, ...]:
+        """The outputs that come back out of their target layout: decided so, not left undecided."""
+        return tuple(o for o in self.outputs if not o.ok and o.in_target_layout is False)
+
+    @property
+    def undecided(self) -> tuple[OutputLayout, ...]:
+        """The outputs whose layout is decided elsewhere (``UNDECIDED_BY`` names who): neither in nor out."""
+        return tuple(o for o in self.outputs if not o.ok and o.in_target_layout is not False)
+
+    @property
+    def verdict(self) -> str:
+        """``in layout``, ``out of layout`` (some output is), or ``undecided`` (none is, some is undecided): the
+        three answers the command line's exit codes tell apart (0, 1, 3)."""
+        return "out of layout" if self.out_of_layout else "undecided" if self.undecided else "in layout"
+
+    @property
+    def summary(self) -> str:
+        """The counts of the three answers in one line, with who decides the undecided and what fix does."""
+        total = counted(len(self.outputs), "user output")
+        if self.ok:
+            return f"all {total} come back dense in their target layout, or as asked" if len(self.outputs) != 1 else \
+                "the 1 user output comes back dense in its target layout, or as asked"
+        parts = [f"{len(self.outputs) - len(self.out_of_layout) - len(self.undecided)} in layout"]
+        if self.out_of_layout:
+            parts.append(f"{len(self.out_of_layout)} out of layout")
+        if self.undecided:
+            deciders = list(dict.fromkeys(o.verdict for o in self.undecided))
+            asked = any(o.reason in DECIDED_BY_EXACT for o in self.undecided) and self.source == "analysis"
+            parts.append(
+                f"{len(self.undecided)} undecided ({'; '.join(deciders)}"
+                f"{': exact=True (--exact) asks Inductor' if asked else ''})"
+            )
+        copies = len(self.copies_needed)
+        fix = f"; fix copies {'it' if copies == 1 else f'these {copies}'}" if copies else ""
+        return f"{total}: {', '.join(parts)}{fix}"
 
     @property
     def copies_needed(self) -> tuple[OutputLayout, ...]:
@@ -274,6 +384,9 @@ class LayoutReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "verdict": self.verdict,
+            "out_of_layout": [o.index for o in self.out_of_layout],
+            "undecided": [o.index for o in self.undecided],
             "dialect": self.dialect,
             "source": self.source,
             "device": self.device,
@@ -285,25 +398,27 @@ class LayoutReport:
         return json.dumps(self.to_dict(), **kwargs)
 
     def __str__(self) -> str:
-        lines = [f"{'ok' if self.ok else 'NOT OK'}: {len(self.outputs)} user outputs ({self.dialect}, for {self.device})"]
+        """The report, fitted to the terminal's width (``terminal_width``)."""
+        lines = [f"{self.verdict}: {counted(len(self.outputs), 'user output')} ({self.dialect}, for {self.device})"]
         names = [o.name or str(o.index) for o in self.outputs]
         for o in self.outputs:
             c = o.cells(names)
             if o.kind is not OutputKind.TENSOR:
-                lines.append(f"  [{c['#']}] {c['name']}: {c['dtype']}")
+                lines.append(f"  {labelled(o.index, o.name)}: {c['dtype']}")
                 continue
             alias = f", aliases {c['aliases']}" if o.aliases else ""
             cause = f", {c['cause']}" if o.cause else ""
             lines.append(
-                f"  [{c['#']}] {c['name']}: {c['shape']} {c['dtype']} strides {c['strides']}: {c['layout']}{cause}{alias} "
+                f"  {labelled(o.index, o.name)}: {c['shape']} {c['dtype']} strides {c['strides']}: {c['layout']}{cause}{alias} "
                 f"-> {o.action.value} ({o.reason.value})"
             )
             if o.source_line:
                 lines.append(f"      at {o.source_line}")
             if o.pushdown:
-                lines.append(f"      with pushdown: {o.pushdown}{_saving(o.flops_saved)}")
+                lines.append(f"      with pushdown: {shortened_pushdown(o.pushdown)}{_saving(o.flops_saved)}")
         lines += [f"  {symbol}: {meaning}" for symbol, meaning in self.symbols]
-        return "\n".join(lines)
+        lines.append(self.summary)
+        return fitted_lines(lines)
 
 
 @dataclass(frozen=True)
@@ -398,6 +513,24 @@ class VerifyReport:
         return self.outputs + tuple(o for _, checks in self.runs for o in checks)
 
     @property
+    def summary(self) -> str:
+        """What was measured, in one closing line: dense (or as asked, naming what was kept strided), equal to
+        eager, and the largest error against the reference where one was run."""
+        checks = self.all_checks
+        kept = list(dict.fromkeys(c.name or str(c.index) for c in checks if c.kept and c.kind == "tensor" and not c.in_target_layout))
+        errors = [c.reference_error for c in checks if c.reference_error is not None]
+        against = f"; largest |err| vs the reference {max(errors):g}" if errors else ""
+        if self.ok:
+            asked = f", or as asked ({', '.join(kept)} kept as compiled)" if kept else ""
+            return f"every user output came back dense{asked} and equal to the eager program's{against}"
+        strided = [c.name or str(c.index) for c in checks if c.kind == "tensor" and not c.in_target_layout and not c.kept]
+        differ = [c.name or str(c.index) for c in checks if not c.match]
+        parts = ([f"strided: {', '.join(dict.fromkeys(strided))}"] if strided else []) + (
+            [f"values differ from the eager program's: {', '.join(dict.fromkeys(differ))}"] if differ else []
+        )
+        return f"NOT OK: {'; '.join(parts)}{against}"
+
+    @property
     def mispredicted(self) -> tuple[OutputCheck, ...]:
         """Outputs whose returned strides differ from strideguard's prediction or Inductor's lowering."""
         return tuple(o for o in self.all_checks if o.as_predicted is False)
@@ -424,25 +557,26 @@ class VerifyReport:
             failed = [o.name or str(o.index) for o in checks if not o.ok]
             lines.append(f"  on {label}: " + (f"NOT OK: {', '.join(failed)}" if failed else f"all {len(checks)} ok"))
             lines += ["  " + line for line in _check_lines(checks, names) if failed]
-        return "\n".join(lines)
+        lines.append(self.summary)
+        return fitted_lines(lines)
 
 
 def _check_lines(checks: Sequence[OutputCheck], names: Sequence[str] = ()) -> list[str]:
     lines = []
     for o in checks:
         if o.kind != "tensor":
-            lines.append(f"  [{o.index}] {o.name or o.kind}: {o.kind}, {'match' if o.match else 'MISMATCH'}")
+            lines.append(f"  {labelled(o.index, o.name)}: {o.kind}, {'match' if o.match else 'MISMATCH'}")
             continue
         alias = f", aliases {', '.join(a.said(names) for a in o.aliases)}" if o.aliases else ""
         predicted = "" if o.as_predicted is not False else (
-            f", PREDICTED {list(o.predicted_strides or ())} LOWERED {list(o.lowered_strides or ())}"
+            f", PREDICTED {listed(o.predicted_strides or ())} LOWERED {listed(o.lowered_strides or ())}"
         )
         within = "" if o.match or o.eager_tolerance is None else (
             f" (rtol {o.eager_tolerance[0]:g}, atol {o.eager_tolerance[1]:g})"
         )
         reference = "" if o.reference_error is None else f", |err| vs reference {o.reference_error:g}"
         lines.append(
-            f"  [{o.index}] {o.name}: strides {list(o.strides)}: {o.verdict}{alias}, max|err| {o.max_abs_error:g}, "
+            f"  {labelled(o.index, o.name)}: strides {listed(o.strides)}: {o.verdict}{alias}, max|err| {o.max_abs_error:g}, "
             f"{'match' if o.match else 'MISMATCH'}{within}{reference}{predicted}"
         )
     return lines
