@@ -218,8 +218,51 @@ def layout_verdict(
     return f"strides {list(strides)} are not those of dim order {list(order)}"
 
 
-@dataclass(frozen=True)
-class OutputLayout:
+@dataclass(frozen=True, kw_only=True)
+class OutputRecord:
+    """What every record of one user output holds, before the fix (``OutputLayout``) or measured after a compile
+    (``OutputCheck``): which output it is, what it is, and how it is laid out.
+
+    ``strides`` are those the compiled method returns (predicted, lowered or
+    measured); ``target_dim_order`` is the layout it must come back in; ``in_target_layout`` whether it does
+    (``None``: not decided). Fields after ``kind`` are ``None`` for an output that is not a tensor.
+    """
+
+    index: int
+    name: Optional[str]
+    kind: OutputKind
+    shape: Optional[tuple] = None
+    dtype: Optional[str] = None
+    strides: Optional[tuple] = None
+    contiguous: Optional[bool] = None
+    dense: Optional[bool] = None
+    target_dim_order: Optional[tuple] = None
+    in_target_layout: Optional[bool] = None
+    aliases: tuple[Alias, ...] = ()
+    node: Optional[str] = None
+    """The graph node returned there (``name`` is the user's: its path in what the method returns)."""
+    source_line: Optional[str] = None
+    """The user's source line that made it, ``policy.py:17  joints[:, :6]`` (from the node's stack trace)."""
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.kind == OutputKind.TENSOR
+
+    def _verdict(self, reason: Optional["Reason"]) -> str:
+        return layout_verdict(self.kind, self.in_target_layout, reason, self.shape, self.strides, self.target_dim_order)
+
+    def _as_dict(self, tuples: Sequence[str] = ()) -> dict[str, Any]:
+        """The fields as JSON takes them: tuples as lists, enums as their values, aliases in words."""
+        data = asdict(self)
+        for key in ("shape", "strides", "target_dim_order", *tuples):
+            data[key] = list(data[key]) if data[key] is not None else None
+        data["kind"] = OutputKind(self.kind).value
+        data["aliases"] = [str(a) for a in self.aliases]
+        return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputLayout(OutputRecord):
     """One user output of a method, as the compiled method will return it.
 
     ``strides`` are those AOTInductor returns for this output (for an Edge
@@ -229,33 +272,17 @@ class OutputLayout:
     ``in_target_layout`` whether it does (``None``: not decided, and copied).
     ``action`` is what ``densify_outputs``/``prepare_for_aoti`` insert for it,
     ``reason`` why, and ``explanation`` the same in words, with its numbers.
-    Fields after ``kind`` are ``None`` for an output that is not a tensor.
     """
 
-    index: int
-    name: Optional[str]
-    kind: OutputKind
     action: Action = Action.NONE
     reason: Reason = Reason.NOT_A_TENSOR
     explanation: str = "not a tensor"
-    shape: Optional[tuple] = None
-    dtype: Optional[str] = None
-    strides: Optional[tuple] = None
-    contiguous: Optional[bool] = None
-    dense: Optional[bool] = None
-    target_dim_order: Optional[tuple] = None
-    in_target_layout: Optional[bool] = None
-    aliases: tuple[Alias, ...] = ()
     view_of: Optional[str] = None
     cause: Optional[str] = None
     pushdown: Optional[str] = None
     """How far ``pushdown=True`` moves this returned piece into its producers (``None``: it does not)."""
     flops_saved: Optional[float] = None
     """The fraction of those producers' FLOPs the pushdown saves."""
-    node: Optional[str] = None
-    """The graph node returned there (``name`` is the user's: its path in what the method returns)."""
-    source_line: Optional[str] = None
-    """The user's source line that made it, ``policy.py:17  joints[:, :6]`` (from the node's stack trace)."""
     copy_of: Optional[str] = None
     """In a fixed program, what strideguard's copy returned here copies (``slice(dim=2, 0:14) of linear``);
     ``None`` where it returns no copy of strideguard's."""
@@ -264,22 +291,17 @@ class OutputLayout:
     def ok(self) -> bool:
         """Comes back dense in its target layout (non-tensor outputs always do), or as the user asked
         (``"keep"``)."""
-        return self.kind is not OutputKind.TENSOR or self.in_target_layout is True or self.reason in KEPT_REASONS
+        return not self.is_tensor or self.in_target_layout is True or self.reason in KEPT_REASONS
 
     @property
     def verdict(self) -> str:
         """In its target layout, or why not, in one phrase (``layout_verdict``)."""
-        return layout_verdict(self.kind, self.in_target_layout, self.reason, self.shape, self.strides, self.target_dim_order)
+        return self._verdict(self.reason)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["kind"] = self.kind.value
-        data["aliases"] = [str(a) for a in self.aliases]
+        data = self._as_dict()
         data["action"] = self.action.value
         data["reason"] = self.reason.value
-        data["shape"] = list(self.shape) if self.shape is not None else None
-        data["strides"] = list(self.strides) if self.strides is not None else None
-        data["target_dim_order"] = list(self.target_dim_order) if self.target_dim_order is not None else None
         data["ok"] = self.ok
         data["verdict"] = self.verdict
         return data
@@ -287,7 +309,7 @@ class OutputLayout:
     def cells(self, output_names: Sequence[str] = ()) -> dict[str, str]:
         """The output as the command line, the demo and ``str(report)`` show it: one rendering, by column
         (``CELLS``); ``output_names``, the report's, name the other outputs it shares memory with."""
-        tensor = self.kind is OutputKind.TENSOR
+        tensor = self.is_tensor
         return {
             "#": str(self.index),
             "name": self.name or "-",
@@ -421,8 +443,8 @@ class LayoutReport:
         return fitted_lines(lines)
 
 
-@dataclass(frozen=True)
-class OutputCheck:
+@dataclass(frozen=True, kw_only=True)
+class OutputCheck(OutputRecord):
     """One output of a compiled and run method, measured.
 
     ``in_target_layout`` is the one judgement strideguard uses everywhere
@@ -432,19 +454,8 @@ class OutputCheck:
     ``lowered_strides`` (what Inductor's lowering gave) are for the run's sizes.
     """
 
-    index: int
-    name: Optional[str]
-    kind: OutputKind
     match: bool
-    shape: Optional[tuple] = None
-    dtype: Optional[str] = None
-    strides: Optional[tuple] = None
     storage_offset: Optional[int] = None
-    contiguous: Optional[bool] = None
-    dense: Optional[bool] = None
-    target_dim_order: Optional[tuple] = None
-    in_target_layout: Optional[bool] = None
-    aliases: tuple[Alias, ...] = ()
     max_abs_error: Optional[float] = None
     predicted_strides: Optional[tuple] = None
     lowered_strides: Optional[tuple] = None
@@ -454,41 +465,30 @@ class OutputCheck:
     eager_tolerance: Optional[tuple[float, float]] = None
     """The ``(rtol, atol)`` within which the output had to equal eager's (``verify.EAGER_TOLERANCES``, or
     ``verify``'s ``tolerances``); ``None`` when compared exactly (integers, ``bool``) or not a tensor."""
-    node: Optional[str] = None
-    """The graph node returned there (``name`` is the user's: its path in what the method returns)."""
     kept: bool = False
     """The user asked for it as the compiler lays it out (``layouts={name: "keep"}``): any layout is right."""
-    source_line: Optional[str] = None
-    """The user's source line that made it, as in ``OutputLayout``."""
 
     @property
     def ok(self) -> bool:
-        return self.match and (self.kind != "tensor" or bool(self.in_target_layout) or self.kept)
+        return self.match and (not self.is_tensor or bool(self.in_target_layout) or self.kept)
 
     @property
     def verdict(self) -> str:
         """In its target layout as measured, or why not, in one phrase (``layout_verdict``)."""
-        return layout_verdict(
-            self.kind, self.in_target_layout, Reason.KEPT if self.kept else None,
-            self.shape, self.strides, self.target_dim_order,
-        )
+        return self._verdict(Reason.KEPT if self.kept else None)
 
     @property
     def as_predicted(self) -> Optional[bool]:
         """Whether the strides returned are those ``inspect`` predicted and Inductor's lowering gave
         (``None`` when there was neither; an empty tensor has no layout to predict)."""
-        if self.kind != "tensor" or (self.predicted_strides is None and self.lowered_strides is None):
+        if not self.is_tensor or (self.predicted_strides is None and self.lowered_strides is None):
             return None
         if self.shape is not None and 0 in self.shape:
             return True
         return all(s is None or tuple(s) == tuple(self.strides) for s in (self.predicted_strides, self.lowered_strides))
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        for key in ("shape", "strides", "target_dim_order", "predicted_strides", "lowered_strides", "eager_tolerance"):
-            data[key] = list(data[key]) if data[key] is not None else None
-        data["kind"] = self.kind.value
-        data["aliases"] = [str(a) for a in self.aliases]
+        data = self._as_dict(("predicted_strides", "lowered_strides", "eager_tolerance"))
         data["ok"] = self.ok
         data["verdict"] = self.verdict
         data["as_predicted"] = self.as_predicted
