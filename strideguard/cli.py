@@ -291,13 +291,14 @@ def inspect_command(
 def _write_plot(loaded, report: LayoutReport, plot: str, program: Path, force: bool) -> list[str]:
     """The picture goes through the same careful write as a fixed program: never over the input or another file."""
     try:
-        from .plot import plot_copies, undrawn  # matplotlib loads only when a picture is asked for
+        from .plot import plot_copies  # matplotlib loads only when a picture is asked for
     except ModuleNotFoundError as missing:
         raise ProgramFileError(plot, f"--plot needs {missing.name}: pip install 'strideguard[plot]'") from None
 
     title = f"strideguard inspect {program.name}"
-    write_output(plot, lambda file: plot_copies(loaded, report, file, title=title), input_path=program, overwrite=force)
-    return undrawn(loaded, report)
+    not_drawn: list[str] = []
+    write_output(plot, lambda file: not_drawn.extend(plot_copies(loaded, report, file, title=title)), input_path=program, overwrite=force)
+    return not_drawn
 
 
 @app.command()

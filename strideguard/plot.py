@@ -78,16 +78,17 @@ class _Storage:
     """Cells per drawn row, before and after fix: the output's row stride, so rows of the output line up."""
 
 
-def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLike | str | BinaryIO, *, title: str) -> int:
-    """Draw each output of ``report`` that ``fix`` copies into the PNG file ``path``; returns how many were drawn.
+def plot_copies(program: ExportedProgram, report: LayoutReport, path: os.PathLike | str | BinaryIO, *, title: str) -> list[str]:
+    """Draw each output of ``report`` that ``fix`` copies into the PNG file ``path``; returns the names of those it
+    could not draw (symbolic sizes its example inputs do not fix), for the terminal to say as the picture does.
 
     ``path`` may be an open binary file (how the command line writes it
     safely); the image is PNG whatever the name, so no extension is added.
     """
     with matplotlib.rc_context({"text.parse_math": False}):  # a name with "$...$" in it is text, not math
-        figure, drawn = _draw_copies(program, report, one_line(title))
+        figure, not_drawn = _draw_copies(program, report, one_line(title))
         figure.savefig(path, dpi=110, format="png")
-    return drawn
+    return not_drawn
 
 
 def draw_copies(program: ExportedProgram, report: LayoutReport, *, title: str) -> Figure:
@@ -131,9 +132,7 @@ def _at_examples(values: Sequence[Any], sizes: dict[str, int]) -> Optional[tuple
             concrete.append(value)
             continue
         try:
-            expression = sympy.sympify(str(value))
-            evaluated = expression.subs({sympy.Symbol(name, integer=True): size for name, size in sizes.items()})
-            evaluated = evaluated.subs({sympy.Symbol(name): size for name, size in sizes.items()})
+            evaluated = sympy.sympify(str(value)).subs({sympy.Symbol(name): size for name, size in sizes.items()})
         except (sympy.SympifyError, TypeError, ValueError):
             return None
         if not evaluated.is_Integer:
@@ -142,7 +141,7 @@ def _at_examples(values: Sequence[Any], sizes: dict[str, int]) -> Optional[tuple
     return tuple(concrete)
 
 
-def _draw_copies(program: ExportedProgram, report: LayoutReport, title: str) -> tuple[Figure, int]:
+def _draw_copies(program: ExportedProgram, report: LayoutReport, title: str) -> tuple[Figure, list[str]]:
     copied = [output for output in report.outputs if output.action is Action.COPY]
     drawn = copied[:MAX_OUTPUTS]
     sizes = example_sizes(program)
@@ -183,17 +182,10 @@ def _draw_copies(program: ExportedProgram, report: LayoutReport, title: str) -> 
         figure.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=8, frameon=False)
     height = figure.get_figheight()
     figure.tight_layout(rect=(0, 0.45 / height if drawn else 0, 1, 1))
-    return figure, len(drawn)
+    return figure, [output.name or str(output.index) for output in drawn if storages.get(output.index) is None]
 
 
 NOT_DRAWN = "symbolic sizes or strides the stored example inputs do not fix, not drawn"
-
-
-def undrawn(program: ExportedProgram, report: LayoutReport) -> list[str]:
-    """The outputs ``plot_copies`` cannot draw, by name, for the terminal to say as the picture does."""
-    drawn = [output for output in report.outputs if output.action is Action.COPY][:MAX_OUTPUTS]
-    storages = _storages(program, drawn, example_sizes(program))
-    return [output.name or str(output.index) for output in drawn if storages.get(output.index) is None]
 
 
 def _storages(program: ExportedProgram, outputs: Sequence[OutputLayout], sizes: dict[str, int]) -> dict[int, Optional[_Storage]]:

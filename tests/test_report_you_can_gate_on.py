@@ -12,6 +12,7 @@ run it (``tests/commands.py``); the Python reports are printed at 80 columns.
 from __future__ import annotations
 
 import inspect as python_inspect
+import io
 import json
 import pathlib
 import re
@@ -152,13 +153,13 @@ def test_the_words_of_a_report():
 
 def test_a_dynamic_programs_plot_draws_its_storages_at_the_example_sizes():
     pytest.importorskip("matplotlib")
-    from strideguard.plot import draw_copies, example_sizes, NOT_DRAWN, undrawn
+    from strideguard.plot import draw_copies, example_sizes, NOT_DRAWN, plot_copies
 
     program = _policy()
     report = strideguard.inspect(program)
     (symbol,) = example_sizes(program)
     assert example_sizes(program) == {symbol: 4}
-    assert undrawn(program, report) == []
+    assert plot_copies(program, report, io.BytesIO(), title="policy") == []  # every copied output drawn
     figure = draw_copies(program, report, title="policy")
     assert f"{symbol} = 4" in figure._suptitle.get_text()
     texts = [text.get_text() for axis in figure.axes for text in axis.texts]

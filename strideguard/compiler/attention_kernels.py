@@ -209,29 +209,12 @@ def _choice_of_call(name: str, call: _Call, target: Target) -> KernelChoice:
     if unbatched and enabled[MATH] and MATH not in candidates:
         candidates.append(MATH)
     if not candidates:
-        refusals = [_refusal(backend, q, mask, target) for backend in enabled if enabled[backend]]
+        refusals = [checks.refusal(backend) for backend in enabled if enabled[backend]]
         raise RuntimeError(
             f"strideguard: no SDPA kernel CUDA could run for {name} with the backends enabled "
             f"({', '.join(backend for backend in enabled if enabled[backend]) or 'none'}): " + "; ".join(refusals)
         )
     return KernelChoice(name, tuple(candidates), "; ".join(dict.fromkeys(w for w in why if w)) if len(candidates) > 1 else None)
-
-
-def _refusal(backend: str, q: torch.Tensor, mask: Any, target) -> str:
-    """Why ``backend`` cannot run an attention, in the words of torch's own first refusal that applies."""
-    dtype = str(q.dtype).removeprefix("torch.")
-    if backend == FLASH:
-        if mask is not None:
-            return "flash attention takes no attention mask"
-        if not (8, 0) <= target.capability <= (12, 1):
-            return f"flash attention needs sm80 to sm121, not {target.sm}"
-        if q.dtype not in (torch.float16, torch.bfloat16):
-            return f"flash attention takes float16 or bfloat16, not {dtype}"
-    if backend == EFFICIENT and not (5, 0) <= target.capability <= (12, 1):
-        return f"memory-efficient attention needs sm50 to sm121, not {target.sm}"
-    if backend == CUDNN and q.dtype not in (torch.float16, torch.bfloat16):
-        return f"cuDNN attention takes float16 or bfloat16, not {dtype}"
-    return f"{backend} attention's conditions on these sizes and strides do not hold"
 
 
 def _cudnn_preferred(capability: tuple[int, int]) -> Optional[bool]:
@@ -251,12 +234,24 @@ class _Checks:
     def __init__(self, q, k, v, mask, call: _Call, capability: tuple[int, int]):
         self.q, self.k, self.v, self.mask, self.call, self.capability = q, k, v, mask, call, capability
         self.open: dict[str, str] = {}
+        self.refused: dict[str, str] = {}
+        """Why a backend cannot run, where a check said so for one reason: what the error says when none can."""
 
     def usable(self, backend: str) -> Optional[bool]:
         return {FLASH: self.flash, EFFICIENT: self.efficient, CUDNN: self.cudnn}[backend]()
 
     def open_reason(self, backend: str) -> str:
         return self.open.get(backend, "")
+
+    def refusal(self, backend: str) -> str:
+        return self.refused.get(backend, f"{backend} attention's conditions on these sizes and strides do not hold")
+
+    def _refuse(self, backend: str, why: str) -> bool:
+        self.refused[backend] = why
+        return False
+
+    def _sm_name(self) -> str:
+        return f"sm{self.capability[0]}{self.capability[1]}"
 
     def _sm(self, low: tuple[int, int], high: tuple[int, int]) -> bool:
         return low <= self.capability <= high
@@ -293,10 +288,12 @@ class _Checks:
 
     def flash(self) -> Optional[bool]:
         q, k, v = self.q, self.k, self.v
-        if self.mask is not None or not self._sm((8, 0), (12, 1)):
-            return False
+        if self.mask is not None:
+            return self._refuse(FLASH, "flash attention takes no attention mask")
+        if not self._sm((8, 0), (12, 1)):
+            return self._refuse(FLASH, f"flash attention needs sm80 to sm121, not {self._sm_name()}")
         if q.dtype not in (torch.float16, torch.bfloat16):
-            return False
+            return self._refuse(FLASH, f"flash attention takes float16 or bfloat16, not {str(q.dtype).removeprefix('torch.')}")
         causal = _known(q.size(2) == k.size(2)) if self.call.is_causal else True
         head = _all(_known(q.size(-1) == k.size(-1)), _known(k.size(-1) == v.size(-1)), _known(q.size(-1) <= 256))
         result = _all(self._common(ignore_singleton_head=True), self._heads(gqa=True), causal, head)
@@ -307,10 +304,10 @@ class _Checks:
     def efficient(self) -> Optional[bool]:
         q, k, v = self.q, self.k, self.v
         if not self._sm((5, 0), (12, 1)):
-            return False
+            return self._refuse(EFFICIENT, f"memory-efficient attention needs sm50 to sm121, not {self._sm_name()}")
         allowed = (torch.float16, torch.float32) + ((torch.bfloat16,) if self.capability >= (8, 0) else ())
         if q.dtype not in allowed:
-            return False
+            return self._refuse(EFFICIENT, f"memory-efficient attention takes {', '.join(str(d).removeprefix('torch.') for d in allowed)} here")
         alignment = _gemm_alignment(q.dtype, self.capability)
         head = _all(
             _known(q.size(-1) == k.size(-1)), _known(q.size(-1) % alignment == 0), _known(v.size(-1) % alignment == 0),
@@ -326,8 +323,10 @@ class _Checks:
 
     def cudnn(self) -> Optional[bool]:
         q, k, v, mask = self.q, self.k, self.v, self.mask
-        if not self._sm((8, 0), (12, 1)) or q.dtype not in (torch.float16, torch.bfloat16):
-            return False
+        if not self._sm((8, 0), (12, 1)):
+            return self._refuse(CUDNN, f"cuDNN attention needs sm80 to sm121, not {self._sm_name()}")
+        if q.dtype not in (torch.float16, torch.bfloat16):
+            return self._refuse(CUDNN, f"cuDNN attention takes float16 or bfloat16, not {str(q.dtype).removeprefix('torch.')}")
         if torch.are_deterministic_algorithms_enabled():
             return False
         if self.call.dropout and (self.call.dropout * 16) % 1:

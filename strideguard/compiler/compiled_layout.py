@@ -158,7 +158,7 @@ def _of_compute(tensor: torch.Tensor, chain: list[Node], base: Node, compilation
     values, op_of, returned = compilation.values, compilation.op_of, compilation.returned
     if base in compilation.relaid:
         name = op_name(op_of(base)) or getattr(base.target, "__name__", str(base.target))
-        origin = compilation.relaid.origin(base) if hasattr(compilation.relaid, "origin") else None
+        origin = getattr(compilation.relaid, "origin", lambda node: None)(base)  # RelaidNodes says which cause
         return LeftToInductor(
             tuple(tensor.stride()),
             why=f"{name} is computed from {origin or 'what Inductor lays out otherwise than traced'}, so Inductor may lay it out afresh",

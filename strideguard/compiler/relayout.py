@@ -7,6 +7,7 @@ the graph Inductor traces; this module finds those somethings.
 from __future__ import annotations
 
 import operator
+from collections import deque
 from functools import lru_cache, partial
 from typing import Any, Callable, Iterable, Optional
 
@@ -78,9 +79,9 @@ class RelaidNodes:
     def origin(self, node: Node) -> Optional[str]:
         """What makes ``node`` laid out otherwise than traced, in words: the nearest node it reads, through ops
         that follow their inputs' layout, whose own layout changes (``change``); ``None`` where nothing does."""
-        seen, frontier = set(), [node]
+        seen, frontier = set(), deque([node])
         while frontier:
-            current = frontier.pop(0)
+            current = frontier.popleft()
             if current in seen:
                 continue
             seen.add(current)

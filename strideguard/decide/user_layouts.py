@@ -22,6 +22,7 @@ from ..program.dialect import copies_into, Dialect, dialect_of
 from ..program.exported import output_values, user_outputs
 from ..program.naming import output_names
 from ..program.promises import dim_order_problem, KEEP
+from ..program.records import counted
 
 FORMATS = {
     "contiguous": torch.contiguous_format,
@@ -72,8 +73,7 @@ def resolve_layouts(program: ExportedProgram, layouts: Optional[Mapping[Any, Any
             resolved.update(_resolved(key, wanted, names, values, dialect, function, resolved))
         except (TypeError, ValueError) as refused:
             # The same problem in the command line's words, for a user who typed --layout NAME=LAYOUT.
-            refused.command_line = str(refused).replace(f"strideguard.{function}: layouts[{key!r}]", f"--layout {key}", 1) \
-                .replace(f"strideguard.{function}: layouts[{key}]", f"--layout {key}", 1)
+            refused.command_line = str(refused).replace(_asked(function, key), f"--layout {key}", 1)
             raise
     return resolved
 
@@ -81,7 +81,7 @@ def resolve_layouts(program: ExportedProgram, layouts: Optional[Mapping[Any, Any
 def _resolved(key, wanted, names, values, dialect, function: str, resolved: dict) -> dict[int, Any]:
     """One request of ``layouts`` checked: ``{index: dim order or KEEP}``."""
     index = _output_index(key, names, function)
-    where = f"strideguard.{function}: layouts[{key!r}]"
+    where = _asked(function, key)
     if index in resolved:
         raise ValueError(f"{where}: output {names[index]} is given a layout twice")
     value = values[index]
@@ -96,18 +96,21 @@ def _resolved(key, wanted, names, values, dialect, function: str, resolved: dict
     return {index: order}
 
 
+def _asked(function: str, key: Any) -> str:
+    """How every problem with one request of ``layouts`` begins (an int key's ``repr`` is its ``str``)."""
+    return f"strideguard.{function}: layouts[{key!r}]"
+
+
 def _output_index(key: Any, names: list[str], function: str) -> int:
     if isinstance(key, bool) or not isinstance(key, (int, str)):
         raise TypeError(f"strideguard.{function}: layouts keys are output names or indices, got {key!r}")
     if isinstance(key, int):
         if not 0 <= key < len(names):
-            raise ValueError(
-                f"strideguard.{function}: layouts[{key}]: the program has {len(names)} user output{'s' if len(names) != 1 else ''}"
-            )
+            raise ValueError(f"{_asked(function, key)}: the program has {counted(len(names), 'user output')}")
         return key
     if key not in names:
         raise ValueError(
-            f"strideguard.{function}: layouts[{key!r}]: no output is named {key!r}; the outputs are "
+            f"{_asked(function, key)}: no output is named {key!r}; the outputs are "
             + ", ".join(names)
         )
     return names.index(key)

@@ -11,17 +11,8 @@ import json
 import shutil
 import textwrap
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Optional, Sequence
-
-
-class Word(str, Enum):
-    """An enum whose members print as their values everywhere (``int``, not ``OutputKind.INT``)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = lambda self, spec: format(self.value, spec)
 
 
 def listed(sizes: Sequence[Any]) -> str:
@@ -81,7 +72,7 @@ def fitted_lines(lines: Sequence[str], width: Optional[int] = None) -> str:
     return "\n".join(wrapped)
 
 
-class AliasKind(Word):
+class AliasKind(StrEnum):
     INPUT = "input"
     PARAMETER = "parameter"
     BUFFER = "buffer"
@@ -116,13 +107,14 @@ def memory_group_peer(group: Sequence[int], index: int) -> list[int]:
     return others[:1]
 
 
-class Action(Word):
+class Action(StrEnum):
     NONE = "none"
     COPY = "copy"
 
 
-class OutputKind(Word):
-    """What a user output is. A ``str`` enum: ``kind == "tensor"`` reads as it did."""
+class OutputKind(StrEnum):
+    """What a user output is. A ``StrEnum``, as every enum of the records: ``kind == "tensor"`` holds and it
+    prints as ``tensor``, not ``OutputKind.TENSOR``."""
 
     TENSOR = "tensor"
     NONE = "none"
@@ -135,7 +127,7 @@ class OutputKind(Word):
     OTHER = "other"
 
 
-class Reason(Word):
+class Reason(StrEnum):
     """Why an output gets a copy or not; ``OutputLayout.explanation`` says it with the output's numbers."""
 
     IN_LAYOUT = "in-layout"
