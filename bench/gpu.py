@@ -8,7 +8,7 @@ graphs off for the method. This script shows what that costs and what
 policy, an LLM decode-like step, and a transposed projection whose strided
 output checks the fallback's values) and each variant (``unfixed``: as
 exported; ``fixed``: after ``densify_outputs``) it compiles with AOTInductor
-for CUDA, runs the package through ``strideguard.prove.cuda_graphs.GraphedMethod``
+for CUDA, runs the package through ``bench.cuda_graphs.GraphedMethod``
 (the runtime's policy) and records per-step latency (median, p99), whether
 the graph was captured, and the host copies per step.
 
@@ -44,7 +44,7 @@ from torch.utils import _pytree as pytree
 
 import strideguard
 from bench.aoti_loader import LOADER_VARIABLE, install_from_environment
-from strideguard.prove.cuda_graphs import WARMUP_CALLS, CudaGraphs, EmulatedGraphs, GraphedMethod, promised_dim_orders
+from bench.cuda_graphs import WARMUP_CALLS, CudaGraphs, EmulatedGraphs, GraphedMethod, promised_dim_orders
 from strideguard.examples import export_decode_step, export_policy
 
 REPO = Path(__file__).resolve().parent.parent

@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 import strideguard  # noqa: E402
 from strideguard.program import density  # noqa: E402
-from strideguard.compiler.lowering import lower_outputs  # noqa: E402
+from strideguard.compiler.oracle.lowering import lower_outputs  # noqa: E402
 from strideguard.compiler.targets import CPU, Target  # noqa: E402
 from strideguard.prove.verification import aoti_program, compile_program  # noqa: E402
 from bench.aoti_loader import install_from_environment  # noqa: E402

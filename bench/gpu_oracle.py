@@ -1,8 +1,8 @@
 """On a GPU: does the fake-device CUDA lowering predict what the real compile returns?
 
 strideguard lowers for CUDA on fake tensors where no GPU is present
-(``strideguard.compiler.fake_device``, with CUDA's SDPA kernel chosen by torch's rules in
-``strideguard.compiler.attention_kernels``). Here a GPU is present: each program is
+(``strideguard.compiler.oracle.fake_device``, with CUDA's SDPA kernel chosen by torch's rules in
+``strideguard.compiler.oracle.attention_kernels``). Here a GPU is present: each program is
 exported on it, its outputs predicted by that same fake-device lowering (the
 device's own capability, but lowered as if absent), then compiled for real with
 AOTInductor and run, and every output's strides compared. Then each program is fixed with ``densify_outputs(exact=True,
@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import strideguard  # noqa: E402
 from bench.aoti_loader import install_from_environment  # noqa: E402
-from strideguard.compiler import fake_device  # noqa: E402
-from strideguard.compiler.lowering import lower_outputs  # noqa: E402
+from strideguard.compiler.oracle import fake_device  # noqa: E402
+from strideguard.compiler.oracle.lowering import lower_outputs  # noqa: E402
 from strideguard.compiler.targets import CPU, Target  # noqa: E402
 from tests.padding import Heads, heads_inputs  # noqa: E402
 from tests.test_device_lowering import ExecuTorchSdpaCases, SdpaVariants, executorch_inputs, variant_inputs  # noqa: E402
@@ -76,7 +76,7 @@ def row_major(value: torch.Tensor) -> bool:
 
 def lower_on_this_torch(script: str) -> None:
     """strideguard lowers for CUDA without a GPU only on the torch versions the suite checks
-    (``compiler.fake_device.CHECKED_ON``) and copies on any other. A GPU machine may hold another torch; the oracle is
+    (``compiler.oracle.fake_device.CHECKED_ON``) and copies on any other. A GPU machine may hold another torch; the oracle is
     the check of it there, so it lets that version lower, and says so."""
     version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     if version not in fake_device.CHECKED_ON:

@@ -1,6 +1,6 @@
 """What the lowering oracle and the closed loop cost against a full AOTInductor compile.
 
-``strideguard.compiler.lowering`` runs AOTInductor's own path up to the lowered graph
+``strideguard.compiler.oracle.lowering`` runs AOTInductor's own path up to the lowered graph
 and stops; a full compile goes on to generate C++, compile and link it. For
 each program: the quick ``inspect``, ``inspect(exact=True)`` (the analysis
 and one lowering), ``densify_outputs(exact=True)`` (the fix and the closed
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import strideguard  # noqa: E402
 from strideguard.examples import export_policy  # noqa: E402
-from strideguard.compiler.lowering import lower_outputs  # noqa: E402
+from strideguard.compiler.oracle.lowering import lower_outputs  # noqa: E402
 from strideguard.prove.proof import PROOF_KEY  # noqa: E402
 from strideguard.compiler.targets import resolve_target  # noqa: E402
 

@@ -34,7 +34,7 @@ _log_from_environment()
 from .api import aoti_compile_and_package, densify_outputs, inspect, prepare_for_aoti
 from .compiler.targets import LoweringUnavailable, Target
 from .decide.view_conversion import ConversionPolicy, EXECUTORCH, NO_CONVERSION, STRIDEGUARD
-from .program.records import (
+from .program.reports import (
     Action,
     Alias,
     AliasKind,

@@ -10,8 +10,8 @@ import torch
 from torch.export import ExportedProgram
 
 from .compiler.backends import Backend, resolve_backend
-from .compiler.lowering import ExternKernelMemory
-from .compiler.padded_matmuls import options_of_the_compile
+from .compiler.oracle.lowering import ExternKernelMemory
+from .compiler.oracle.padded_matmuls import options_of_the_compile
 from .compiler.targets import Target, target_for
 from .decide.facts import OutputFacts, report
 from .decide.user_layouts import resolve_layouts
@@ -21,7 +21,7 @@ from .program.dialect import dialect_of
 from .program.exported import require_exported_program, require_flag
 from .program.naming import symbol_meanings
 from .program.quiet import quietly
-from .program.records import LayoutReport
+from .program.reports import LayoutReport
 from .prove.proof import fixed_and_proven, Proof
 
 
@@ -70,7 +70,7 @@ def inspect(
     By default the answer comes from the graph alone (milliseconds), and an
     output whose layout Inductor decides for itself is reported undecided and
     copied. With ``exact=True`` Inductor's own lowering is run and read
-    (``strideguard.compiler.lowering``; no code is generated or compiled: a tenth to
+    (``strideguard.compiler.oracle.lowering``; no code is generated or compiled: a tenth to
     a quarter of a full compile, 0.1 s for a policy head, several seconds for
     a UNet, measured in ``docs/benchmarks.md``) and every output is decided by it.
 
@@ -88,9 +88,9 @@ def inspect(
     ``strideguard.Target``. By default it follows ``backend`` (``CudaBackend``
     compiles for CUDA) and else the device of the program's tensors. For a
     device other than the CPU, ``exact`` lowers on fake tensors of that device
-    (answering for it where it is not here: ``strideguard.compiler.fake_device``),
+    (answering for it where it is not here: ``strideguard.compiler.oracle.fake_device``),
     and, without a GPU, CUDA's attention kernel is chosen by
-    torch's rules (``strideguard.compiler.attention_kernels``); an output whose
+    torch's rules (``strideguard.compiler.oracle.attention_kernels``); an output whose
     layout depends on a choice not decidable here is undecided and copied.
     The report says which device it is for (``LayoutReport.device``).
     """

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover
 
 from . import __version__, densify_outputs, inspect, prepare_for_aoti
 from .api import compile_proven
-from .program.loading import (
+from .files import (
     check_output_path,
     Interrupted,
     interruptible,
@@ -47,8 +47,8 @@ from .program.loading import (
     save_program,
     write_output,
 )
-from .program.loading.errors import one_line
-from .program.records import counted, LayoutReport, shortened_pushdown, VerifyReport
+from .files.errors import one_line
+from .program.reports import counted, LayoutReport, shortened_pushdown, VerifyReport
 from .prove.isolation import ChildFailed, DEFAULT_SECONDS, LimitExceeded, Limits, run_isolated
 from .prove.proof import Proof, PROOF_KEY
 from .prove.verification import reference_difference, verify as verify_program
@@ -175,7 +175,7 @@ def _running(action: str, debug: bool, json_output: bool = False) -> Iterator[No
         except LimitExceeded as error:
             failure = _with_traceback(f"{action} stopped: {error}", debug)
         except ChildFailed as error:
-            message = str(error) if error.file_error else f"{action} failed: {error.kind}: {error}"
+            message = str(error) if error.speaks_for_itself else f"{action} failed: {error.kind}: {error}"
             failure = _with_traceback(message, debug)
         except Exception as error:
             said = getattr(error, "command_line", None)  # a problem the library words for the command line too

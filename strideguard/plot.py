@@ -34,8 +34,8 @@ from torch.export import ExportedProgram
 
 from .api import output_facts
 from .program import density
-from .program.loading.errors import one_line
-from .program.records import Action, LayoutReport, OutputLayout
+from .files.errors import one_line
+from .program.reports import Action, LayoutReport, OutputLayout
 
 MAX_COLUMNS = 64
 MAX_ROWS = 32

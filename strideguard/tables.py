@@ -18,8 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from .program.loading.errors import one_line
-from .program.records import CELLS, LayoutReport, listed, OutputCheck, OutputLayout, SOURCE_SHOWN, VerifyReport
+from .files.errors import one_line
+from .program.reports import CELLS, LayoutReport, listed, OutputCheck, OutputLayout, SOURCE_SHOWN, VerifyReport
 
 LAYOUT_NARROW = ("#", "name", "shape", "dtype", "strides", "layout", "fix")
 """The columns of ``inspect``'s table that a narrower terminal still gets (``CELLS`` is the whole row)."""

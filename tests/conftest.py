@@ -1,7 +1,7 @@
 """Shared, session-scoped compiled programs (each AOTInductor compile happens once per run), and the test tiers.
 
 Tiers are markers: ``compiles`` (builds a program with AOTInductor),
-``lowers`` (runs Inductor's lowering, ``strideguard.compiler.lowering``, without
+``lowers`` (runs Inductor's lowering, ``strideguard.compiler.oracle.lowering``, without
 building) and ``long`` (replays whole fuzz batches; ``make test-long``).
 ``make check`` runs what is in none of them. A test that compiles or lowers
 in this process, its fixtures included, without its tier's marker fails

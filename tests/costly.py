@@ -42,7 +42,7 @@ from torch._higher_order_ops.while_loop import while_loop
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from strideguard.examples import export_policy
-from strideguard.program.loading import limits
+from strideguard.files import limits
 
 from .hostile import graph, rename
 

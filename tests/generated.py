@@ -43,7 +43,7 @@ from strideguard.program import density
 from strideguard.fix.engine import lower_as_compiled
 from strideguard.program.dialect import copy_call, dialect_of
 from strideguard.program.promises import target_dim_orders
-from strideguard.compiler.lowering import lower_edge_outputs, lower_outputs
+from strideguard.compiler.oracle.lowering import lower_edge_outputs, lower_outputs
 from strideguard.decide.view_conversion import STRIDEGUARD
 from strideguard.program.copies import copied_source
 from strideguard.program.copies import copy_form_of

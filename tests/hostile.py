@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from strideguard.examples import export_policy
-from strideguard.program.loading import limits
+from strideguard.files import limits
 
 MARKER_MODULE = "strideguard_marker_module"
 """A module whose import creates the marker: what a file that makes torch import modules could run."""

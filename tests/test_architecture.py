@@ -21,9 +21,9 @@ STAGES = ["program", "compiler", "decide", "fix", "prove"]
 """In pipeline order: what a program is, what the compiler will do to it, what strideguard decides, what it
 does, how it proves it. A stage imports itself and the stages before it, never one after."""
 
-CALLERS = {"__init__", "__main__", "api", "cli", "demo", "examples", "executorch", "plot", "tables", "testing"}
-"""Who calls it, at the top of the package: the API, the ExecuTorch integration, the command line and its
-tables, the plot, the demo and its examples, the test helpers for users."""
+CALLERS = {"__init__", "__main__", "api", "cli", "demo", "examples", "executorch", "files", "plot", "tables", "testing"}
+"""Who calls it, at the top of the package: the API, the ExecuTorch integration, the command line, its
+tables and its file reader (``files``), the plot, the demo and its examples, the test helpers for users."""
 
 ENGINE = "fix.engine"
 """The one plan and its apply: outside ``fix``, the fix stage is reached only through its ``__all__``."""
@@ -155,3 +155,18 @@ def test_the_copy_is_built_and_recognised_in_one_place():
         for source, name in imports_of(module) if source == COPIES and name in builders
     )
     assert building and all(stage_of(module) == "fix" for module in building), building
+
+
+WINGS = ("compiler.predictor", "compiler.oracle")
+"""The compiler stage's two wings: the predictor reads the graph alone, the oracle asks Inductor's lowering. A
+wing that imported the other would mix a prediction into an answer (or an answer into a prediction)."""
+
+
+def test_the_predictor_and_the_oracle_never_import_each_other():
+    crossing = sorted(
+        f"{module} imports {source}"
+        for module in MODULES for wing in WINGS if module.startswith(wing)
+        for source, _ in imports_of(module) for other in WINGS if other != wing and source.startswith(other)
+    )
+    assert not crossing, crossing
+    assert all(any(module.startswith(wing + ".") for module in MODULES) for wing in WINGS)

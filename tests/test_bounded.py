@@ -32,7 +32,7 @@ import pytest
 import torch
 
 import strideguard
-from strideguard.program.loading import limits
+from strideguard.files import limits
 
 from . import costly, hostile, tiers
 
@@ -308,7 +308,7 @@ def test_the_largest_admitted_program_is_the_largest_built():
     ``MAX_EXPRESSIONS_TOTAL`` characters."""
     import zipfile
 
-    from strideguard.program.loading import ProgramFileError, load_program
+    from strideguard.files import ProgramFileError, load_program
 
     folder = pathlib.Path(tempfile.mkdtemp(prefix="largest-"))
     try:

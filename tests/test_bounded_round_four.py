@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import strideguard
-from strideguard.compiler import fake_device
-from strideguard.compiler.lowering import lower_outputs
+from strideguard.compiler.oracle import fake_device
+from strideguard.compiler.oracle.lowering import lower_outputs
 from strideguard.compiler.targets import resolve_target
 from strideguard.program.copies import COPY_TAG, copy_form_of
 from strideguard.program.exported import output_values

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from strideguard.prove.cuda_graphs import (
+from bench.cuda_graphs import (
     WARMUP_CALLS,
     EmulatedGraphs,
     GraphedMethod,
@@ -30,7 +30,7 @@ from strideguard.prove.cuda_graphs import (
 from strideguard.examples import export_decode_step, export_policy
 
 REPO = Path(__file__).resolve().parent.parent
-LOGGER = "strideguard.prove.cuda_graphs"
+LOGGER = "bench.cuda_graphs"
 
 
 def padded(x: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 Matmuls Inductor's ``pad_mm`` pads where a benchmark on the GPU says so: the
 fake-device lowering cannot run the benchmark, so strideguard lowers both
-branches (``strideguard.compiler.padded_matmuls``). A convolution's memory
+branches (``strideguard.compiler.oracle.padded_matmuls``). A convolution's memory
 format is cuDNN's, which a build of torch without cuDNN cannot ask: both
 formats are lowered there. The ground truth is an
 AOTInductor compile on the CPU with ``pad_mm`` forced (``tests.padding``), which
@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 import strideguard
-from strideguard.compiler.lowering import lower_outputs
-from strideguard.compiler.padded_matmuls import laid_out_by_benchmark
+from strideguard.compiler.oracle.lowering import lower_outputs
+from strideguard.compiler.oracle.padded_matmuls import laid_out_by_benchmark
 from strideguard.compiler.targets import resolve_target
 from strideguard.program import density
 from strideguard.program.copies import output_copies
@@ -312,7 +312,7 @@ def test_the_closed_loop_strengthens_a_copy_one_form_at_a_time():
 @pytest.mark.lowers
 def test_the_pinned_copy_passes_the_edge_verifier_and_lays_out_each_mode():
     """The pinned form in every dialect: the program's verifier accepts it and Inductor returns the target."""
-    from strideguard.compiler.lowering import lower_edge_outputs
+    from strideguard.compiler.oracle.lowering import lower_edge_outputs
     from strideguard.fix.engine import with_stronger_copies
     from strideguard.program.copies import copy_form_of, CopyForm
     from strideguard.program.exported import output_values

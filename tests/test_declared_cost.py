@@ -15,8 +15,8 @@ import sympy
 import torch
 from torch._export.serde import serialize
 
-from strideguard.program.loading import errors, limits, load_program, pieces
-from strideguard.program.loading.program import _check_tensor_meta
+from strideguard.files import errors, limits, load_program, pieces
+from strideguard.files.program import _check_tensor_meta
 
 aten = torch.ops.aten
 

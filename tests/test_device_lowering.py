@@ -6,7 +6,7 @@ The SDPA modules follow ExecuTorch's own CUDA output-layout tests
 with a boolean mask and a sparse one), in float32 and bfloat16, and then every
 variant CUDA's kernel choice turns on (float masks, padded head dimensions,
 GQA, causal, a transposed query), under each kernel CUDA can be made to pick.
-Every lowering here runs on fake ``cuda:0`` tensors (``strideguard.compiler.fake_device``).
+Every lowering here runs on fake ``cuda:0`` tensors (``strideguard.compiler.oracle.fake_device``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import strideguard
 from strideguard.program import density
-from strideguard.compiler.attention_kernels import CUDNN, EFFICIENT, FLASH, MATH
+from strideguard.compiler.oracle.attention_kernels import CUDNN, EFFICIENT, FLASH, MATH
 from strideguard.compiler.backends import Backend
 from strideguard.program.promises import target_dim_orders
-from strideguard.compiler.lowering import lower_edge_outputs, lower_outputs
+from strideguard.compiler.oracle.lowering import lower_edge_outputs, lower_outputs
 from strideguard.prove.proof import PROOF_KEY
 from strideguard.compiler.targets import CPU, LoweringUnavailable, Target, resolve_target
 
@@ -207,7 +207,7 @@ def test_undecided_kernels_are_each_lowered_and_copied_where_they_differ():
 
 
 def test_the_private_entry_points_of_the_cuda_lowering_live_in_one_module():
-    """``strideguard.compiler.fake_device`` is the one place the CUDA lowering's private torch entry points are touched,
+    """``strideguard.compiler.oracle.fake_device`` is the one place the CUDA lowering's private torch entry points are touched,
     so that a new torch breaks one module, which says which versions it was checked on."""
     private = re.compile(
         r"get_device_properties|get_device_capability|is_bf16_supported|CudaInterface|_misc_patterns_init|"
@@ -256,7 +256,7 @@ def _two_views():
 
 @pytest.mark.lowers
 def test_an_unchecked_torch_is_said_and_the_fix_copies_every_output_unproven(monkeypatch, caplog):
-    monkeypatch.setattr("strideguard.compiler.fake_device.CHECKED_ON", ("1.0",))
+    monkeypatch.setattr("strideguard.compiler.oracle.fake_device.CHECKED_ON", ("1.0",))
     program = _two_views()
     with pytest.raises(LoweringUnavailable, match="checked on torch 1.0"):
         lower_outputs(program, target=CUDA)
@@ -293,7 +293,7 @@ def test_a_lowering_for_an_absent_device_leaves_torch_as_it_found_it():
     """The patches hold for one lowering only: torch's CUDA answers and Inductor's device cache are back after."""
     from torch._inductor.runtime.hints import DeviceProperties
 
-    from strideguard.compiler.fake_device import lowering_for
+    from strideguard.compiler.oracle.fake_device import lowering_for
 
     capability = torch.cuda.get_device_capability
     cached_before = DeviceProperties.create.cache_info().currsize  # a CPU compile earlier in this worker may have filled it
@@ -399,7 +399,7 @@ class VersionedRules(nn.Module):
 
 @pytest.mark.lowers
 def test_the_installed_torchs_rules_are_followed_and_the_fix_holds_under_each():
-    from strideguard.compiler.attention_kernels import _TORCH
+    from strideguard.compiler.oracle.attention_kernels import _TORCH
 
     generator = torch.Generator().manual_seed(3)
     inputs = tuple(torch.randn(*shape, generator=generator) for shape in

@@ -69,6 +69,10 @@ def test_the_architecture_doc_names_every_folder_and_module_of_the_tree():
                 assert f"`{module.name}`" in table, f"docs/architecture.md's table of stages does not name {folder.name}/{module.name}"
         for subpackage in sorted(path for path in folder.iterdir() if (path / "__init__.py").exists()):
             assert f"`{subpackage.name}/`" in table, f"docs/architecture.md's table of stages does not name {folder.name}/{subpackage.name}/"
+            for module in sorted(subpackage.glob("*.py")):
+                if module.name != "__init__.py":
+                    where = f"{folder.name}/{subpackage.name}/{module.name}"
+                    assert f"`{module.name}`" in table, f"docs/architecture.md's table of stages does not name {where}"
     for module in sorted(package.glob("*.py")):
         if not module.name.startswith("__"):
             assert f"`{module.name}`" in table, f"docs/architecture.md's table of stages does not name {module.name}"

@@ -310,7 +310,7 @@ def test_the_installed_executorch_view_table_is_followed(monkeypatch):
     from executorch.backends.aoti.passes import replace_view_copy_with_view as installed
     from executorch.exir.dialects._ops import ops as exir_ops
 
-    from strideguard.compiler.lowering import lower_edge_outputs
+    from strideguard.compiler.oracle.lowering import lower_edge_outputs
     from strideguard.testing.executorch_cpu import aoti_edge_program
 
     torch.manual_seed(0)
@@ -342,7 +342,7 @@ def test_compute_after_a_view_copy_of_a_channels_last_value_is_copied_as_inducto
     in the view's layout, and the ``neg`` reading it follows: the output came back ``(30, 1, 10, 10, 2)``
     where strideguard predicted it contiguous and copied nothing (found by ``make fuzz``, in a batch whose
     other part hid it)."""
-    from strideguard.compiler.lowering import lower_edge_outputs
+    from strideguard.compiler.oracle.lowering import lower_edge_outputs
 
     x = torch.randn(3, 4, 3, 5).to(memory_format=torch.channels_last)
     edge = to_edge(torch.export.export(ReshapedIntegerOfChannelsLast(), (x,))).exported_program()

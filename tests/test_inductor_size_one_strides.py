@@ -23,7 +23,7 @@ from torch import nn
 import strideguard
 from strideguard import Action
 from strideguard.program import density
-from strideguard.compiler.lowering import lower_outputs
+from strideguard.compiler.oracle.lowering import lower_outputs
 
 READERS = {
     "softmax": lambda t: t.softmax(-1),
@@ -92,7 +92,7 @@ def test_the_fixed_program_lowers_every_result_in_layout(program):
 def test_past_its_budget_the_walk_leaves_the_result_to_inductor_and_it_is_copied(program, monkeypatch):
     """Working the values out is bounded (``INDUCTOR_VALUE_BUDGET`` nodes a plan): past it, a returned result
     with a size-one dimension is left to Inductor, copied, and the copy holds."""
-    from strideguard.compiler import compiled_layout
+    from strideguard.compiler.predictor import compiled_layout
 
     monkeypatch.setattr(compiled_layout, "INDUCTOR_VALUE_BUDGET", 1)
     records = strideguard.inspect(program).outputs

@@ -5,7 +5,7 @@ re-laid, aliased and oddly shaped graphs the project has. Combined into one
 ATen program and its two Edge forms, they check two shortcuts against the
 plain way of doing the same thing:
 
-- ``compiler.relayout.RelaidNodes`` decides a node only when asked, inputs first,
+- ``compiler.predictor.relayout.RelaidNodes`` decides a node only when asked, inputs first,
   and remembers. Asked in any order it must give what one pass over the graph
   in order gives (the way ``relaid_nodes`` did it before).
 - ``program.exported.copy_of_graph`` builds each node without its positional
@@ -23,7 +23,7 @@ import random
 import pytest
 import torch
 
-from strideguard.compiler import relayout
+from strideguard.compiler.predictor import relayout
 from strideguard.program.ops import is_view_op
 from strideguard.program.exported import _keeping_names, copy_of_graph
 from strideguard.decide.view_conversion import NO_CONVERSION, STRIDEGUARD, plan_view_conversion

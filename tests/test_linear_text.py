@@ -27,8 +27,8 @@ from typing import Callable
 import pytest
 
 import strideguard
-from strideguard.program.loading import limits, load_program
-from strideguard.program.loading.expressions import _NUMBER_TEXT
+from strideguard.files import limits, load_program
+from strideguard.files.expressions import _NUMBER_TEXT
 from strideguard.program.naming import source_line, stack_frames
 
 from . import hostile

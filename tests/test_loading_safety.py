@@ -22,10 +22,10 @@ from typing import Iterator
 import pytest
 
 from strideguard import cli
-from strideguard.program.loading import ProgramFileError, load_program
-from strideguard.program.loading import limits, program as program_rules, walk
-from strideguard.program.loading.expressions import check_guard, check_sympy_repr
-from strideguard.program.loading.errors import Refused
+from strideguard.files import ProgramFileError, load_program
+from strideguard.files import limits, program as program_rules, walk
+from strideguard.files.expressions import check_guard, check_sympy_repr
+from strideguard.files.errors import Refused
 from torch._export.serde import schema
 
 from . import hostile
@@ -100,7 +100,7 @@ def test_heavy_files_are_refused_at_once_in_little_memory(corpus, tmp_path):
     paths = {name: str(path) for name, (_, path, _) in corpus.items()}
     script = (
         "import json, sys, time, resource\n"
-        "from strideguard.program.loading import load_program, ProgramFileError\n"
+        "from strideguard.files import load_program, ProgramFileError\n"
         "print(json.dumps([None, None, 0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]), flush=True)\n"
         "for name, path in json.loads(sys.argv[1]).items():\n"
         "    started = time.perf_counter()\n"

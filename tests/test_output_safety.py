@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from strideguard.examples import export_policy
-from strideguard.program.loading import ProgramFileError, save_program, write_output
-from strideguard.program.loading import output as output_module
+from strideguard.files import ProgramFileError, save_program, write_output
+from strideguard.files import output as output_module
 
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 
@@ -79,7 +79,7 @@ def test_two_concurrent_fix_runs_exactly_one_wins(policy, tmp_path):
 FORKED_WRITERS = """
 import json, os, pathlib, sys, time
 from strideguard import cli
-from strideguard.program.loading import output
+from strideguard.files import output
 
 ready = None
 write = output._Sink.write

@@ -21,7 +21,7 @@ import strideguard
 from strideguard import LayoutNotReached
 from strideguard.program import density
 from strideguard.program.promises import target_dim_orders
-from strideguard.compiler.lowering import LoweringUnavailable, lower_edge_outputs, lower_outputs
+from strideguard.compiler.oracle.lowering import LoweringUnavailable, lower_edge_outputs, lower_outputs
 from strideguard.program import copies
 from strideguard.program.copies import CopyForm, copy_form_of
 from strideguard.program.exported import output_values
@@ -300,7 +300,7 @@ def test_closed_loop_raises_where_no_copy_can_hold(monkeypatch):
 
 def test_lowering_unavailable_is_said(monkeypatch):
     """A torch whose Inductor lacks the hook the oracle stops at: said, never a silent full compile."""
-    monkeypatch.setattr("strideguard.compiler.lowering._HOOK", "_hook_this_torch_lacks")
+    monkeypatch.setattr("strideguard.compiler.oracle.lowering._HOOK", "_hook_this_torch_lacks")
     with pytest.raises(LoweringUnavailable, match="no _hook_this_torch_lacks hook"):
         strideguard.inspect(_logical_not_program(), exact=True)
     with pytest.raises(LoweringUnavailable):

@@ -23,7 +23,7 @@ from torch import nn
 
 import strideguard
 from strideguard.examples import export_decode_step
-from strideguard.program.records import (
+from strideguard.program.reports import (
     labelled, listed, OutputCheck, OutputKind, Reason, VerifyReport,
 )
 from strideguard.tables import plain_console, print_fitted, verify_shapes
@@ -132,7 +132,7 @@ def test_print_report_fits_80_columns(monkeypatch):
 
 
 def test_a_long_pushdown_is_printed_shortened_and_kept_whole():
-    from strideguard.program.records import shortened_pushdown
+    from strideguard.program.reports import shortened_pushdown
 
     whole = "select(dim=1, -1) pushed through linear, relu, linear, mul, mul, rsqrt, add into embedding"
     assert shortened_pushdown(whole) == (

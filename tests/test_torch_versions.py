@@ -19,7 +19,7 @@ from torch import nn
 import strideguard
 from strideguard import Action
 from strideguard.program import density
-from strideguard.compiler.lowering import lower_outputs
+from strideguard.compiler.oracle.lowering import lower_outputs
 from strideguard.prove.proof import PROOF_KEY
 
 

@@ -24,7 +24,7 @@ import strideguard
 from strideguard.examples import export_robot_policy
 from strideguard.program.density import first_wrong_stride
 from strideguard.program.naming import node_stem, output_names, path_name, source_line
-from strideguard.program.records import OutputCheck, OutputKind, Reason, VerifyReport, layout_verdict
+from strideguard.program.reports import OutputCheck, OutputKind, Reason, VerifyReport, layout_verdict
 from strideguard.tables import layout_shapes, print_fitted, verify_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,7 +242,7 @@ def test_an_edge_program_promises_the_layout_asked_for():
 
     from strideguard.program.promises import target_dim_orders
     from strideguard.executorch import DenseOutputsPass
-    from strideguard.compiler.lowering import lower_edge_outputs
+    from strideguard.compiler.oracle.lowering import lower_edge_outputs
 
     edge = to_edge(_image_program()).exported_program()
     dense = DenseOutputsPass(exact=True, layouts={"image": "channels_last"})

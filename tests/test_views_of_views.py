@@ -20,7 +20,7 @@ from torch import nn
 import strideguard
 from strideguard import Action
 from strideguard.program import density
-from strideguard.compiler.lowering import lower_outputs
+from strideguard.compiler.oracle.lowering import lower_outputs
 
 SEALED = {
     "diagonal of diagonal": lambda t: t.diagonal(0, 0, 1).diagonal(),

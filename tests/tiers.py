@@ -2,7 +2,7 @@
 
 ``compiles``: the test (or a fixture it uses) builds a program with
 AOTInductor. ``lowers``: it runs Inductor's lowering and stops before code
-generation (``strideguard.compiler.lowering``). ``commands``: it starts Python child
+generation (``strideguard.compiler.oracle.lowering``). ``commands``: it starts Python child
 processes (the command line as users run it), each paying torch's import,
 some seconds. ``long``: it replays whole fuzz batches. ``make check``
 deselects all four and stays under two minutes.
@@ -56,7 +56,7 @@ def watch() -> None:
     import torch
     from torch._inductor import compile_fx
 
-    from strideguard.compiler import lowering
+    from strideguard.compiler.oracle import lowering
 
     original = compile_fx.compile_fx_aot
     if getattr(original, "_strideguard_watch", False):

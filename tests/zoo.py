@@ -28,7 +28,7 @@ import strideguard
 from strideguard import Action
 from strideguard.program import density
 from strideguard.program.promises import target_dim_orders
-from strideguard.compiler.lowering import lower_edge_outputs, lower_outputs
+from strideguard.compiler.oracle.lowering import lower_edge_outputs, lower_outputs
 
 from . import programs, robots
 from .generated import computations_left_unread

@@ -5,7 +5,7 @@ the compiled method will hand back: which view chain produces it and of what
 base, the strides AOTInductor gives it, the layout it must have, what it
 shares memory with, and whether (and why) it needs one copy. The passes and
 the reports only read these records. What AOTInductor hands back for a view
-of compute is ``strideguard.compiler.compiled_layout``'s to say; what revises the facts
+of compute is ``strideguard.compiler.predictor.compiled_layout``'s to say; what revises the facts
 afterwards (Inductor's lowering, a backend's passes, ``break_aliases``) is
 ``strideguard.decide.revisions``'.
 
@@ -24,7 +24,7 @@ import torch
 from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import Node
 
-from ..compiler.compiled_layout import Compilation, compiled_layout, CompiledLayout, LeftToInductor, Ops, Values
+from ..compiler.predictor.compiled_layout import Compilation, compiled_layout, CompiledLayout, LeftToInductor, Ops, Values
 from ..program import density, ops
 from ..program.copies import copied_source
 from ..program.dialect import Dialect
@@ -32,7 +32,7 @@ from ..program.exported import output_values, placeholder_roles, PUSHED_DOWN, us
 from ..program.fake_values import storage_key
 from ..program.naming import positional_names, source_line
 from ..program.ops import is_higher_order, is_view_op, op_name
-from ..program.records import (
+from ..program.reports import (
     Action,
     Alias,
     AliasKind,
@@ -142,7 +142,7 @@ class OutputAnalysis:
     ):
         self.compilation = compilation
         self.predicts = predicts
-        """Whether the graph-only predictor (``compiler.compiled_layout``) runs: not where a lowering decides."""
+        """Whether the graph-only predictor (``compiler.predictor.compiled_layout``) runs: not where a lowering decides."""
         self.roles = placeholder_roles(signature)
         self.returned = output_values(graph)
         self.outputs = user_outputs(signature)

@@ -14,10 +14,10 @@ from .facts import judged_layout, OutputFacts
 from ..program import density
 from ..program.fake_values import storage_key
 from ..program.promises import KEEP, promised_dim_order
-from ..program.records import Action, Alias, AliasKind, Reason
+from ..program.reports import Action, Alias, AliasKind, Reason
 
 if TYPE_CHECKING:
-    from ..compiler.lowering import Lowering
+    from ..compiler.oracle.lowering import Lowering
 
 
 def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFacts]:

@@ -22,7 +22,7 @@ from ..program.dialect import copies_into, Dialect, dialect_of
 from ..program.exported import output_values, user_outputs
 from ..program.naming import output_names
 from ..program.promises import dim_order_problem, KEEP
-from ..program.records import counted
+from ..program.reports import counted
 
 FORMATS = {
     "contiguous": torch.contiguous_format,

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.fx import Node
 
-from ..compiler.relayout import RelaidNodes
+from ..compiler.predictor.relayout import RelaidNodes
 from ..program import density, ops
 from ..program.dialect import aten_op, view_twin
 from ..program.exported import output_values
@@ -133,7 +133,7 @@ class ViewConversion:
 
     def relaid(self) -> RelaidNodes:
         """Compute nodes whose traced layout Inductor's trace may change, and so what reads them
-        (``strideguard.compiler.relayout``), decided as asked."""
+        (``strideguard.compiler.predictor.relayout``), decided as asked."""
         return RelaidNodes([*self.targets, *self.later], self.view_values.geometry, self.view_values.op_of)
 
 

@@ -33,10 +33,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
-from ..compiler.attention_kernels import laid_out_by_kernel
-from ..compiler.padded_matmuls import laid_out_by_benchmark
+from ..compiler.oracle.attention_kernels import laid_out_by_kernel
+from ..compiler.oracle.padded_matmuls import laid_out_by_benchmark
 from ..compiler.backends import Backend, backend_rewrites, BackendRewrites
-from ..compiler.lowering import executorch_view_pass, lower_edge_outputs, lower_outputs, Lowering
+from ..compiler.oracle.lowering import executorch_view_pass, lower_edge_outputs, lower_outputs, Lowering
 from ..compiler.targets import CPU, Target
 from ..decide.facts import analyze_outputs, OutputFacts
 from ..decide.pushdown import plan_pushdowns, Pushdown

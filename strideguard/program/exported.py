@@ -26,7 +26,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
-from .records import Alias, AliasKind
+from .reports import Alias, AliasKind
 
 _INPUT_ROLES = {
     InputKind.USER_INPUT: AliasKind.INPUT,

@@ -4,8 +4,7 @@
 program for the target device, copies strengthened until every output is in
 its layout; ``verification`` compiles, runs and checks layouts and values;
 ``isolation`` runs a handed program in a child process under time and memory
-limits; ``cuda_graphs`` runs a compiled method under CUDA graphs with the
-layout check as a guard.
+limits.
 
 May import: program, compiler, decide and fix.
 """

@@ -81,9 +81,10 @@ class LimitExceeded(RuntimeError):
 class ChildFailed(RuntimeError):
     """The work raised in the child: ``kind`` is its exception's type name, the message its first line."""
 
-    def __init__(self, kind: str, message: str, file_error: bool = False):
+    def __init__(self, kind: str, message: str, speaks_for_itself: bool = False):
         self.kind = kind
-        self.file_error = file_error
+        self.speaks_for_itself = speaks_for_itself
+        """The message is already the user's words (a refused file's): shown as it is."""
         super().__init__(message)
 
 
@@ -130,8 +131,8 @@ def run_isolated(
             status, payload = pickle.load(file)
     if status == "ok":
         return payload
-    kind, message, file_error = payload
-    raise ChildFailed(kind, message, file_error)
+    kind, message, speaks_for_itself = payload
+    raise ChildFailed(kind, message, speaks_for_itself)
 
 
 def _child_environment(scratch: str) -> dict[str, str]:
@@ -189,10 +190,9 @@ def _child() -> None:
         result = ("ok", work(*arguments))
     except BaseException as error:  # noqa: BLE001 - every failure is reported to the parent as one line
         traceback.print_exc()
-        from ..program.loading import ProgramFileError
-
         lines = str(error).strip().splitlines()
-        result = ("error", (type(error).__name__, lines[0] if lines else "no message", isinstance(error, ProgramFileError)))
+        speaks_for_itself = getattr(error, "speaks_for_itself", False) is True
+        result = ("error", (type(error).__name__, lines[0] if lines else "no message", speaks_for_itself))
     written = answer + ".part"
     with open(written, "wb") as file:
         pickle.dump(result, file)

@@ -27,7 +27,7 @@ from typing import Callable, Optional
 import torch
 from torch.export import ExportedProgram
 
-from ..compiler.lowering import LoweredOutput, Lowering
+from ..compiler.oracle.lowering import LoweredOutput, Lowering
 from ..compiler.targets import LoweringUnavailable
 from ..decide.view_conversion import ConversionPolicy
 from ..fix.engine import transformed, with_stronger_copies
@@ -57,7 +57,7 @@ class Proof:
     unproven: tuple[int, ...] = ()
     """User outputs in layout in Inductor's lowering that a compile may still write into memory an extern
     kernel allocated, with the kernel's own strides in size-one dimensions (``LoweredOutput.kernel_memory``).
-    ``strideguard.aoti_compile_and_package`` compiles with ``compiler.lowering.ExternKernelMemory``, which rules that
+    ``strideguard.aoti_compile_and_package`` compiles with ``compiler.oracle.lowering.ExternKernelMemory``, which rules that
     out; a compile strideguard does not run cannot be told to, and these are then left unproven (logged).
     Where part of the pipeline could not run (a backend's own passes), every output is unproven."""
     target: str = "cpu"
@@ -116,7 +116,7 @@ def prove_layouts(
 
     Returns the program that was proven (``fixed`` itself when its copies held) and how.
     Raises ``LayoutNotReached`` when an output is out of layout with the strongest copy in place.
-    ``keeps_kernel_memory``: the compile that follows runs ``compiler.lowering.ExternKernelMemory``.
+    ``keeps_kernel_memory``: the compile that follows runs ``compiler.oracle.lowering.ExternKernelMemory``.
     """
     lowered_seconds = 0.0
     strengthened: list[int] = []

@@ -20,7 +20,7 @@ from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 
-from ..compiler.lowering import lower_outputs
+from ..compiler.oracle.lowering import lower_outputs
 from ..compiler.targets import target_for
 from ..decide.view_conversion import EXECUTORCH
 from ..fix.engine import program_plan
@@ -31,7 +31,7 @@ from ..program.exported import output_values, require_exported_program, user_out
 from ..program.naming import output_names, source_line
 from ..program.promises import kept_outputs, target_dim_orders
 from ..program.quiet import quietly
-from ..program.records import Alias, AliasKind, memory_group_peer, OutputCheck, OutputKind, VerifyReport
+from ..program.reports import Alias, AliasKind, memory_group_peer, OutputCheck, OutputKind, VerifyReport
 
 
 DEVICES = ("cpu", "cuda")

@@ -19,7 +19,7 @@ does, rather than modelling them:
   that the wrapper returns as ``aoti_torch_clone`` of a view.
 
 Everything else the analysis cannot be sure of is left undecided and
-copied; ``strideguard.compiler.lowering`` answers it exactly.
+copied; ``strideguard.compiler.oracle.lowering`` answers it exactly.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from ..program import ops
+from ...program import ops
 
 aten = torch.ops.aten
 

@@ -18,7 +18,7 @@ No lowering without the device can know what its benchmark says, and a padded
 and an unpadded kernel can time within noise of each other, so one program
 can come back either way from one compile to the next. strideguard therefore
 lowers with Inductor's own ``pad_mm``, every condition asked as Inductor asks
-it, and gives only the benchmark's answer (``compiler.fake_device.benchmark_answers``,
+it, and gives only the benchmark's answer (``compiler.oracle.fake_device.benchmark_answers``,
 with every other private entry point of the lowering): "not
 faster" first, recording each matmul that reached the benchmark
 (``PadDecision``); where one did, it lowers again with "faster". An output
@@ -30,7 +30,7 @@ may answer otherwise at the next compile.
 The compute-bound test reads the device's peak throughput and memory bandwidth
 (through Triton's driver, or Inductor's data sheet for a few device names),
 which a lowering for a missing device cannot measure. For a capability whose
-fastest-memory devices are known (``compiler.fake_device.LEAST_BALANCED``) the test is asked with
+fastest-memory devices are known (``compiler.oracle.fake_device.LEAST_BALANCED``) the test is asked with
 their figures, divided by a margin: a matmul that is not compute-bound even
 there is not compute-bound on any device of that capability. For any other
 capability the figures are unknown, and Inductor's own answer when it cannot
@@ -53,7 +53,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from .targets import Target
+from ..targets import Target
 
 @dataclass(frozen=True)
 class PadDecision:
@@ -84,7 +84,7 @@ def laid_out_by_benchmark(graph: torch.fx.Graph, target: Target) -> dict[str, st
         return {}
     from torch._inductor import config
 
-    from ..program import ops
+    from ...program import ops
     from .fake_device import pad_alignment
 
     if not config.shape_padding or outputs_held_to_traced_strides():
@@ -143,7 +143,7 @@ def _unaligned(length, alignment: int) -> bool:
 def _product_sizes(node: torch.fx.Node):
     """``(batched, M, K, N, dtype)`` of a matrix product as Inductor will see it (``linear`` and ``matmul`` of
     several dimensions as one ``mm`` over the leading ones, or a ``bmm``); ``None`` where not a floating product."""
-    from ..program import ops
+    from ...program import ops
 
     def value(argument):
         return argument.meta.get("val") if isinstance(argument, torch.fx.Node) else None

@@ -26,7 +26,7 @@ in strideguard is a private torch entry point of the CUDA lowering touched:
   is 0 for every fake tensor; compared by storage instead;
 * ``torch._C._get_sdp_priority_order``: the SDPA kernel priority a user's
   ``sdpa_kernel(..., set_priority=True)`` sets, for the kernel choice
-  (``strideguard.compiler.attention_kernels``);
+  (``strideguard.compiler.oracle.attention_kernels``);
 * ``FakeTensor.item``/``tolist``: Inductor inlines small constants by their
   values; the fake device tensor answers with its real CPU values (zeros for
   a constant made while tracing: values never reach a layout);
@@ -37,7 +37,7 @@ in strideguard is a private torch entry point of the CUDA lowering touched:
   and ``...`` is answered by the same ``select``/``slice``/``unsqueeze`` ops
   the C++ path records (any other index goes to torch as before);
 * ``pad_mm``'s on-device benchmark and what its compute-bound test reads of
-  the device (``benchmark_answers``; why: ``strideguard.compiler.padded_matmuls``);
+  the device (``benchmark_answers``; why: ``strideguard.compiler.oracle.padded_matmuls``);
 * ``fuse_attention._scaled_dot_product_attention``, the SDPA Inductor's own
   patterns insert (``inserted_attention``);
 * ``torch._C._conv_determine_backend_memory_format``, on a build of torch
@@ -73,7 +73,7 @@ import inspect
 import torch
 from torch.fx import GraphModule
 
-from .targets import LoweringUnavailable, Target
+from ..targets import LoweringUnavailable, Target
 
 CHECKED_ON = ("2.13", "2.14", "2.15")
 """torch versions (major.minor) whose CUDA lowering ran here with these patches (torch 2.13.0 CPU build with
@@ -265,7 +265,7 @@ def _patches(target: Target) -> list:
 
 def sdp_priority_order() -> list[int]:
     """The order in which torch tries SDPA kernels (``SDPBackend`` numbers), as ``sdpa_kernel(...,
-    set_priority=True)`` leaves it: read by ``strideguard.compiler.attention_kernels``."""
+    set_priority=True)`` leaves it: read by ``strideguard.compiler.oracle.attention_kernels``."""
     return list(torch._C._get_sdp_priority_order())
 
 
@@ -425,7 +425,7 @@ def convolution_formats(target: Target, channels_last: bool, found: list) -> Ite
 def inserted_attention(target: Target, attention: Any) -> Iterator[None]:
     """For one lowering for ``target`` without its device: the SDPA Inductor's ``fuse_attention`` patterns put
     in place of an attention written out as matmuls and a softmax runs ``attention`` (the kernel CUDA would
-    choose, ``compiler.attention_kernels.inserted_kernels``), where the composite on a build without CUDA
+    choose, ``compiler.oracle.attention_kernels.inserted_kernels``), where the composite on a build without CUDA
     kernels takes the math path whatever the device. A device present chooses itself."""
     if target.kind != "cuda" or target.present:
         yield

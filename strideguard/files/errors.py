@@ -8,6 +8,9 @@ import os
 class ProgramFileError(Exception):
     """A file strideguard cannot or will not read or write; the message names it and says why, on one line."""
 
+    speaks_for_itself = True
+    """Its message is already the user's words: ``prove.isolation`` hands it back from a child as it is."""
+
     def __init__(self, path: os.PathLike | str, problem: str):
         self.path = os.fspath(path)
         self.problem = one_line(problem.strip())

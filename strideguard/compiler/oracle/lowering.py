@@ -38,9 +38,9 @@ except ImportError:  # torch 2.11 (a GPU machine's own) has the hook, a plain ca
     CustomSchedulerPass = object
 from torch._inductor.utils import sympy_product
 
-from ..program import density
-from ..program.dialect import dialect_of
-from .targets import CPU, LoweringUnavailable, Target
+from ...program import density
+from ...program.dialect import dialect_of
+from ..targets import CPU, LoweringUnavailable, Target
 
 _HOOK = "_pre_fusion_custom_pass"
 
@@ -69,7 +69,7 @@ class LoweredOutput:
 
     benchmark_decides: bool = False
     """Its strides differ between the branches of a decision the device's own benchmark makes when it compiles
-    (``pad_mm``: ``strideguard.compiler.padded_matmuls``); ``alternatives`` then hold the other branch's."""
+    (``pad_mm``: ``strideguard.compiler.oracle.padded_matmuls``); ``alternatives`` then hold the other branch's."""
 
     @property
     def every_strides(self) -> tuple:
@@ -90,16 +90,16 @@ class Lowering:
     target: Target = CPU
     """The device Inductor lowered for (``strideguard.compiler.targets``)."""
     kernel_choices: tuple = ()
-    """The device's kernel choices this lowering followed (``strideguard.compiler.attention_kernels.KernelChoice``)."""
+    """The device's kernel choices this lowering followed (``strideguard.compiler.oracle.attention_kernels.KernelChoice``)."""
     options_not_applied: tuple[str, ...] = ()
     """The backend's compile options a lowering without its device cannot apply (autotuning)."""
     pad_decisions: tuple = ()
-    """The matmuls whose padding the device's benchmark decides (``strideguard.compiler.padded_matmuls.PadDecision``):
+    """The matmuls whose padding the device's benchmark decides (``strideguard.compiler.oracle.padded_matmuls.PadDecision``):
     the lowering ran both ways where there are any."""
 
     relaid_convolutions: tuple = ()
     """Input shapes of the CUDA convolutions whose memory format this build of torch could not ask cuDNN
-    (``compiler.fake_device.convolution_formats``): the lowering ran both ways where there are any."""
+    (``compiler.oracle.fake_device.convolution_formats``): the lowering ran both ways where there are any."""
 
     @property
     def undecided(self) -> str:
@@ -143,12 +143,12 @@ def lower_outputs(
     which keep its dynamic dimensions symbolic. ``inductor_configs`` are the
     options the program will be compiled with (they can change layouts). ``target`` is the device it is
     compiled for (``strideguard.compiler.targets``); for another device than the CPU the lowering runs on fake
-    tensors of that device (``strideguard.compiler.fake_device``), made from the program's own fake values
+    tensors of that device (``strideguard.compiler.oracle.fake_device``), made from the program's own fake values
     (``example_inputs`` are not used then).
     """
     if dialect_of(program).is_edge:
         raise ValueError("strideguard: lower_outputs takes an ATen program; use lower_edge_outputs for Edge")
-    # For another device the inputs are the program's own fake values, moved there (``compiler.fake_device.on_target``).
+    # For another device the inputs are the program's own fake values, moved there (``compiler.oracle.fake_device.on_target``).
     args, kwargs = _inputs(program, example_inputs) if target.is_cpu else ((), {})
     module = program.module(check_guards=False)
     return _with_program_symbols(_lower(module, args, kwargs, inductor_configs, target, _fake_mode(program)), program)
@@ -171,7 +171,7 @@ def lower_edge_outputs(
     that backend's ``preprocess`` runs next: its custom passes and its
     decomposition table (``strideguard.compiler.backends.run_pipeline``). ``target`` as for ``lower_outputs``.
     """
-    from .backends import run_pipeline, unavailable_note
+    from ..backends import run_pipeline, unavailable_note
 
     converted = run_pipeline(program, backend, convert_views or executorch_view_pass())
     names = set(converted.graph_signature.user_inputs)
@@ -277,7 +277,7 @@ def _lower_holding(module, args, kwargs, inductor_configs, target: Target, fake_
     chosen = [attention_kernels.with_kernels(module, scenario, target.torch_device)
               for scenario in attention_kernels.scenarios(choices)]
     # Each kernel choice lowered with the device's benchmark saying "do not pad"; where a matmul reached that
-    # benchmark, each again with it saying "pad" (``compiler.padded_matmuls``); where this build of torch could
+    # benchmark, each again with it saying "pad" (``compiler.oracle.padded_matmuls``); where this build of torch could
     # not ask cuDNN a convolution's memory format, each again with cuDNN's channels-last; where Inductor put
     # an SDPA in itself whose kernel is undecided, each again with every other candidate.
     decisions: list = []
@@ -435,7 +435,7 @@ class ExternKernelMemory(CustomSchedulerPass):
         return nodes
 
     def uuid(self) -> str:
-        return "strideguard.compiler.lowering.ExternKernelMemory/1"
+        return "strideguard.compiler.oracle.lowering.ExternKernelMemory/1"
 
 
 def _returned_as_clone(value, constants) -> bool:

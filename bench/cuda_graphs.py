@@ -28,9 +28,9 @@ import torch
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
-from ..program import density
-from ..program.exported import require_exported_program
-from ..program.promises import target_dim_orders
+from strideguard.program import density
+from strideguard.program.exported import require_exported_program
+from strideguard.program.promises import target_dim_orders
 
 log = logging.getLogger(__name__)
 

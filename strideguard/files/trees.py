@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils import _pytree as pytree
 
-from .. import density
+from ..program import density
 from . import limits, text
 from .errors import excerpt, Refused
 

@@ -20,12 +20,12 @@ from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from . import inductor
-from ..program import density, ops
-from ..program.dialect import aten_op
-from ..program.fake_values import call_on_fake_values, fresh_strided
-from ..program.ops import op_name
-from ..program.records import Alias, AliasKind
-from ..program.view_values import Geometries, Geometry, view_geometry
+from ...program import density, ops
+from ...program.dialect import aten_op
+from ...program.fake_values import call_on_fake_values, fresh_strided
+from ...program.ops import op_name
+from ...program.reports import Alias, AliasKind
+from ...program.view_values import Geometries, Geometry, view_geometry
 from .relayout import lays_out_its_own_result
 
 aten = torch.ops.aten
@@ -46,7 +46,7 @@ class Compilation:
     op_of: Ops
     returned: frozenset
     relaid: Container[Node]
-    """Asked ``node in relaid`` of the nodes outputs view (``compiler.relayout.RelaidNodes``)."""
+    """Asked ``node in relaid`` of the nodes outputs view (``compiler.predictor.relayout.RelaidNodes``)."""
     inductor_values: dict = field(default_factory=dict, compare=False, repr=False)
     """Each node's value in Inductor's own graph, as far as it was asked (``_inductor_value``)."""
 
@@ -350,7 +350,7 @@ def _laid_out_alike(value: Any, traced: Any) -> bool:
 def _sealed_view_copy(tensor: torch.Tensor, chain: list[Node], base: Node, compilation: Compilation) -> Optional[CompiledLayout]:
     """A view of a view that Inductor cannot unwrap to its storage, which it returns as a dense copy in the
     traced order (found by ``make fuzz``: a ``diagonal`` of a ``diagonal`` of an input, traced ``(21, 10)``,
-    comes back ``(2, 1)``); ``None`` where the chain comes back as a view (``compiler.inductor.HeldView``)."""
+    comes back ``(2, 1)``); ``None`` where the chain comes back as a view (``compiler.predictor.inductor.HeldView``)."""
     if not any(inductor.may_seal(aten_op(compilation.op_of(node))) for node in chain):
         return None
     held = inductor.HeldView.STORED

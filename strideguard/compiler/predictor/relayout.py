@@ -15,11 +15,11 @@ import torch
 from torch.fx import Node
 
 from . import inductor
-from ..program import density, ops
-from ..program.copies import copy_form_of
-from ..program.dialect import aten_op
-from ..program.ops import is_view_op
-from ..program.view_values import beside_traced, Geometries, Geometry
+from ...program import density, ops
+from ...program.copies import copy_form_of
+from ...program.dialect import aten_op
+from ...program.ops import is_view_op
+from ...program.view_values import beside_traced, Geometries, Geometry
 
 
 class RelaidNodes:

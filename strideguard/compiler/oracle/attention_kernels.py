@@ -41,13 +41,13 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true
 
-from ..program.dialect import aten_op
+from ...program.dialect import aten_op
 from .fake_device import sdp_priority_order
-from .targets import Target
+from ..targets import Target
 
 FLASH, EFFICIENT, MATH, CUDNN = "flash", "efficient", "math", "cudnn"
 _BY_ENUM = {1: FLASH, 2: EFFICIENT, 0: MATH, 3: CUDNN}
-"""``SDPBackend``'s numbers, as ``compiler.fake_device.sdp_priority_order`` gives them."""
+"""``SDPBackend``'s numbers, as ``compiler.oracle.fake_device.sdp_priority_order`` gives them."""
 
 aten = torch.ops.aten
 
