@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 import strideguard  # noqa: E402
 from strideguard.examples import export_policy  # noqa: E402
 from strideguard.decide.pushdown import graph_flops  # noqa: E402
-from strideguard.fix.engine import Pushdowns, program_plan  # noqa: E402
+from strideguard.decide.subject import subject_of  # noqa: E402
+from strideguard.fix.engine import Choices, Pushdowns, program_plan  # noqa: E402
 from strideguard.prove.verification import compile_program  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -55,7 +56,8 @@ class PrefillHead(torch.nn.Module):
 
 def _pushed_down_graph(program):
     """The program's graph with its pushdowns applied and nothing else (no copies): the FLOPs pushdown moves."""
-    return program_plan(program, strideguard.STRIDEGUARD, pushdowns=Pushdowns.APPLIED, copy_outputs=False).graph
+    only_pushed = Choices(pushdowns=Pushdowns.APPLIED, copy_outputs=False)
+    return program_plan(subject_of(program, "bench"), strideguard.STRIDEGUARD, choices=only_pushed).graph
 
 
 def export_prefill_head() -> torch.export.ExportedProgram:

@@ -9,16 +9,14 @@ import torch
 
 from torch.export import ExportedProgram
 
-from .compiler.backends import Backend, resolve_backend
 from .compiler.oracle.lowering import ExternKernelMemory
 from .compiler.oracle.padded_matmuls import options_of_the_compile
-from .compiler.targets import Target, target_for
+from .compiler.targets import target_for
 from .decide.facts import OutputFacts, report
-from .decide.user_layouts import resolve_layouts
+from .decide.subject import Subject, subject_of
 from .decide.view_conversion import ConversionPolicy, EXECUTORCH, STRIDEGUARD
-from .fix.engine import lower_as_compiled, program_plan, Pushdowns, transformed
-from .program.dialect import dialect_of
-from .program.exported import require_exported_program, require_flag
+from .fix.engine import AsCompiled, Choices, program_plan, Pushdowns, transformed
+from .program.exported import require_flag
 from .program.naming import symbol_meanings
 from .program.quiet import quietly
 from .program.reports import LayoutReport
@@ -39,17 +37,16 @@ def output_facts(
     return _inspected(program, policy, exact, backend, device)[0]
 
 
-def _inspected(program: Any, policy: Any, exact: Any, backend: Any, device: Any) -> tuple[list[OutputFacts], Target]:
-    """``inspect``'s arguments checked, and the facts it reports with the device they are for."""
-    program = require_exported_program(program, "inspect")
+def _inspected(program: Any, policy: Any, exact: Any, backend: Any, device: Any) -> tuple[list[OutputFacts], Subject]:
+    """``inspect``'s arguments checked, and the facts it reports with the subject they are about."""
+    subject = subject_of(program, "inspect", device=device, backend=backend)
     require_flag(exact, "exact", "inspect")
     if not isinstance(policy, ConversionPolicy):
         raise TypeError(f"strideguard.inspect: policy must be a ConversionPolicy, got {type(policy).__name__}")
-    backend = _backend(program, backend, "inspect")
-    target = target_for(program, device, backend, "inspect")
-    lower = (lambda planned: lower_as_compiled(planned, policy=policy, backend=backend, target=target)) if exact else None
-    plan = program_plan(program, policy, lower=lower, backend=backend, target=target, pushdowns=Pushdowns.DESCRIBED)
-    return list(plan.outputs), target
+    plan = program_plan(
+        subject, policy, as_compiled=AsCompiled(policy) if exact else None, choices=Choices(pushdowns=Pushdowns.DESCRIBED)
+    )
+    return list(plan.outputs), subject
 
 
 @quietly
@@ -94,21 +91,11 @@ def inspect(
     layout depends on a choice not decidable here is undecided and copied.
     The report says which device it is for (``LayoutReport.device``).
     """
-    facts, target = _inspected(program, policy, exact, backend, device)
+    facts, subject = _inspected(program, policy, exact, backend, device)
     return report(
-        facts, dialect_of(program), source="lowering" if exact else "analysis", device=str(target),
-        symbols=symbol_meanings(program),
+        facts, subject.dialect, source="lowering" if exact else "analysis", device=str(subject.target),
+        symbols=symbol_meanings(subject.program),
     )
-
-
-def _backend(program: ExportedProgram, backend: Any, function: str) -> Optional[Backend]:
-    resolved = resolve_backend(backend, function=function)
-    if resolved is not None and not dialect_of(program).is_edge:
-        raise ValueError(
-            f"strideguard.{function}: backend names an ExecuTorch AOTI backend, which compiles Edge programs; "
-            "this is an ATen program"
-        )
-    return resolved
 
 
 @quietly
@@ -163,25 +150,24 @@ def densify_outputs(
     copied). The fixed program records it, so ``inspect``, the proof and
     ``verify`` judge the output against it (``strideguard.decide.user_layouts``).
     """
-    program = require_exported_program(program, "densify_outputs")
-    require_flag(break_aliases, "break_aliases", "densify_outputs")
-    require_flag(exact, "exact", "densify_outputs")
-    backend = _backend(program, backend, "densify_outputs")
+    for name, value in (("break_aliases", break_aliases), ("exact", exact), ("pushdown", pushdown)):
+        require_flag(value, name, "densify_outputs")
     _require_configs(inductor_configs, "densify_outputs")
-    pushdowns = Pushdowns.APPLIED if require_flag(pushdown, "pushdown", "densify_outputs") else Pushdowns.NONE
-    target = target_for(program, device, backend, "densify_outputs")
-    options = dict(
-        break_aliases=break_aliases, backend=backend, pushdowns=pushdowns, target=target,
-        layouts=resolve_layouts(program, layouts, "densify_outputs"),
-    )
+    subject = subject_of(program, "densify_outputs", device=device, backend=backend, layouts=layouts)
+    return _densified(subject, _choices(pushdown, break_aliases=break_aliases), exact, inductor_configs)
+
+
+def _choices(pushdown: bool, **chosen) -> Choices:
+    return Choices(pushdowns=Pushdowns.APPLIED if pushdown else Pushdowns.NONE, **chosen)
+
+
+def _densified(subject: Subject, choices: Choices, exact: bool, inductor_configs: Optional[dict]) -> ExportedProgram:
+    """``densify_outputs``' work on a subject whose arguments are checked."""
     if not exact:
         with options_of_the_compile(inductor_configs):
-            return transformed(program, EXECUTORCH, **options)[0]
-
-    def lower(candidate: ExportedProgram):
-        return lower_as_compiled(candidate, backend=backend, inductor_configs=inductor_configs, target=target)
-
-    return fixed_and_proven(program, EXECUTORCH, lower, falls_back=True, **options)[0]
+            return transformed(subject, EXECUTORCH, choices=choices)[0]
+    as_compiled = AsCompiled(EXECUTORCH, inductor_configs)
+    return fixed_and_proven(subject, EXECUTORCH, as_compiled, choices=choices, falls_back=True)[0]
 
 
 @quietly
@@ -211,31 +197,18 @@ def prepare_for_aoti(
     (for an Edge program, an output asked in another dim order than the one
     it promises is copied into it, and the program then promises that).
     """
-    program = require_exported_program(program, "prepare_for_aoti")
     flags = (("copy_outputs", copy_outputs), ("break_aliases", break_aliases), ("exact", exact), ("pushdown", pushdown))
     for name, value in flags:
         require_flag(value, name, "prepare_for_aoti")
-    backend = _backend(program, backend, "prepare_for_aoti")
-    if not dialect_of(program).is_edge:
-        return densify_outputs(
-            program, break_aliases=break_aliases, exact=exact, pushdown=pushdown, device=device, layouts=layouts
-        )
-    target = target_for(program, device, backend, "prepare_for_aoti")
-    options = dict(
-        break_aliases=break_aliases, copy_outputs=copy_outputs, update_values=False, backend=backend,
-        pushdowns=Pushdowns.APPLIED if pushdown else Pushdowns.NONE, target=target,
-        layouts=resolve_layouts(program, layouts, "prepare_for_aoti"),
-    )
+    subject = subject_of(program, "prepare_for_aoti", device=device, backend=backend, layouts=layouts)
+    if not subject.dialect.is_edge:
+        return _densified(subject, _choices(pushdown, break_aliases=break_aliases), exact, None)
+    choices = _choices(pushdown, break_aliases=break_aliases, copy_outputs=copy_outputs, update_values=False)
     if not (exact and copy_outputs):
-        return transformed(program, STRIDEGUARD, **options)[0]
+        return transformed(subject, STRIDEGUARD, choices=choices)[0]
+    # preprocess runs ExecuTorch's own view pass on what prepare_for_aoti converted, then the backend's.
     return fixed_and_proven(
-        program,
-        STRIDEGUARD,
-        lambda candidate: lower_as_compiled(candidate, policy=STRIDEGUARD, backend=backend, target=target),
-        # preprocess runs ExecuTorch's own view pass on what prepare_for_aoti converted, then the backend's.
-        lower_fixed=lambda candidate: lower_as_compiled(candidate, backend=backend, target=target),
-        falls_back=True,
-        **options,
+        subject, STRIDEGUARD, AsCompiled(STRIDEGUARD), fixed_as=AsCompiled(EXECUTORCH), choices=choices, falls_back=True
     )[0]
 
 
@@ -257,8 +230,8 @@ def aoti_compile_and_package(
     ExecuTorch's AOTI backends: use ``strideguard.executorch.DenseOutputsPass``.
     ``layouts`` as in ``densify_outputs``.
     """
-    program = require_exported_program(program, "aoti_compile_and_package")
-    if dialect_of(program).is_edge:
+    subject = subject_of(program, "aoti_compile_and_package", layouts=layouts)
+    if subject.dialect.is_edge:
         raise ValueError(
             "strideguard.aoti_compile_and_package compiles ATen programs; an Edge program is compiled by an "
             "ExecuTorch AOTI backend: add strideguard.executorch.DenseOutputsPass(exact=True) to its transform passes"
@@ -266,7 +239,7 @@ def aoti_compile_and_package(
     if package_path is not None and not isinstance(package_path, (str, os.PathLike)):
         raise TypeError(f"strideguard.aoti_compile_and_package: package_path must be a path, got {type(package_path).__name__}")
     _require_configs(inductor_configs, "aoti_compile_and_package")
-    return compile_proven(program, package_path, inductor_configs, layouts=layouts)[0]
+    return _compiled_proven(subject, package_path, inductor_configs)[0]
 
 
 @quietly
@@ -283,6 +256,21 @@ def compile_proven(
     ``device`` names the device compiled for (as ``densify_outputs`` takes it); AOTInductor compiles natively,
     for the device of the program's tensors, on a machine that has it, so any other device is refused before
     any work: prove the fix for it with ``densify_outputs(exact=True, device=...)`` and compile there."""
+    subject = subject_of(program, "aoti_compile_and_package", device=device, layouts=layouts)
+    compiled_for = target_for(subject.program, None, None, subject.function) if device is not None else subject.target
+    target = subject.target
+    if target.kind != compiled_for.kind:
+        raise ValueError(
+            f"strideguard.aoti_compile_and_package: the program's tensors are on {compiled_for.kind}, so "
+            f"AOTInductor compiles it for {compiled_for.kind}, not {target.kind} (it compiles natively, not across "
+            f"devices): export it on {target.kind}, or prove the fix here with "
+            f"densify_outputs(program, exact=True, device={device!r}) and compile the fixed program there"
+        )
+    return _compiled_proven(subject, package_path, inductor_configs)
+
+
+def _compiled_proven(subject: Subject, package_path: Optional[str], inductor_configs: Optional[dict]) -> tuple[str, Proof]:
+    """``compile_proven``'s work on a subject whose arguments are checked."""
     configs = dict(inductor_configs or {})
     user_pass = configs.get("_pre_fusion_custom_pass")
     if user_pass is not None:
@@ -291,29 +279,15 @@ def compile_proven(
             "needs for its own ExternKernelMemory pass"
         )
     configs["_pre_fusion_custom_pass"] = ExternKernelMemory()
-
-    compiled_for = target_for(program, None, None, "aoti_compile_and_package")
-    target = compiled_for if device is None else target_for(program, device, None, "aoti_compile_and_package")
-    if target.kind != compiled_for.kind:
-        raise ValueError(
-            f"strideguard.aoti_compile_and_package: the program's tensors are on {compiled_for.kind}, so "
-            f"AOTInductor compiles it for {compiled_for.kind}, not {target.kind} (it compiles natively, not across "
-            f"devices): export it on {target.kind}, or prove the fix here with "
-            f"densify_outputs(program, exact=True, device={device!r}) and compile the fixed program there"
-        )
+    target = subject.target
     if not target.present:
         raise ValueError(
             f"strideguard.aoti_compile_and_package: compiling for {target.kind} needs a {target.kind} device on this "
             f"machine (AOTInductor compiles natively); prove the fix here with "
             f"densify_outputs(program, exact=True, device={target.kind!r}) and compile the fixed program there"
         )
-
-    def lower(candidate: ExportedProgram):
-        return lower_as_compiled(candidate, inductor_configs=inductor_configs, target=target)
-
     fixed, _, proof = fixed_and_proven(
-        program, EXECUTORCH, lower, keeps_kernel_memory=True, target=target,
-        layouts=resolve_layouts(program, layouts, "aoti_compile_and_package"),
+        subject, EXECUTORCH, AsCompiled(EXECUTORCH, inductor_configs), keeps_kernel_memory=True
     )
     path = torch._inductor.aoti_compile_and_package(fixed, package_path=package_path, inductor_configs=configs)
     return path, proof

@@ -33,18 +33,12 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx.passes.infra.pass_base import PassResult
 
 from .compiler.backends import resolve_backend, unavailable_note
-from .compiler.targets import resolve_target, target_for
-from .decide.user_layouts import resolve_layouts
+from .compiler.targets import resolve_target
+from .decide.subject import subject_of
 from .decide.view_conversion import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
-from .fix.engine import fix_graph_in_place, lower_as_compiled, Pushdowns, transformed
+from .fix.engine import AsCompiled, Choices, fix_graph_in_place, Pushdowns, transformed
 from .program.dialect import dialect_of, dialect_of_graph
-from .program.exported import (
-    lazy_graph_module,
-    output_values,
-    require_exported_program,
-    require_flag,
-    signature_following_graph,
-)
+from .program.exported import lazy_graph_module, output_values, require_flag, signature_following_graph
 from .program.quiet import quietly
 from .prove.proof import fixed_and_proven, Proof
 
@@ -124,23 +118,20 @@ class DenseOutputsPass(ExportedProgramPassBase):
 
     @quietly
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
-        program = require_exported_program(exported_program, "executorch.DenseOutputsPass")
-        options = dict(
-            break_aliases=self.break_aliases, copy_outputs=self.copy_outputs, backend=self.backend,
-            pushdowns=Pushdowns.APPLIED if self.pushdown else Pushdowns.NONE,
-            layouts=resolve_layouts(program, self.layouts, "executorch.DenseOutputsPass"),
+        subject = subject_of(
+            exported_program, "executorch.DenseOutputsPass", device=self.device, backend=self.backend, layouts=self.layouts
         )
-        target = target_for(program, self.device, self.backend, "executorch.DenseOutputsPass")
-        options["target"] = target
+        choices = Choices(
+            pushdowns=Pushdowns.APPLIED if self.pushdown else Pushdowns.NONE, copy_outputs=self.copy_outputs,
+            break_aliases=self.break_aliases,
+        )
         if self.exact and self.copy_outputs:
-
-            def lower(candidate: ExportedProgram):
-                return lower_as_compiled(candidate, backend=self.backend, target=target)
-
-            program, changed, self.proof = fixed_and_proven(program, EXECUTORCH, lower, falls_back=True, **options)
+            program, changed, self.proof = fixed_and_proven(
+                subject, EXECUTORCH, AsCompiled(EXECUTORCH), choices=choices, falls_back=True
+            )
             changed = changed or bool(self.proof.strengthened)
         else:
-            program, changed = transformed(program, EXECUTORCH, **options)
+            program, changed = transformed(subject, EXECUTORCH, choices=choices)
         changed = bool(changed)
         return ExportedProgramPassResult(program if changed else exported_program, changed)
 

@@ -40,7 +40,8 @@ from torch.utils import _pytree as pytree
 import strideguard
 from strideguard import Action
 from strideguard.program import density
-from strideguard.fix.engine import lower_as_compiled
+from strideguard.decide.subject import subject_of
+from strideguard.fix.engine import AsCompiled, Choices, lower_as_compiled
 from strideguard.program.dialect import copy_call, dialect_of
 from strideguard.program.promises import target_dim_orders
 from strideguard.compiler.oracle.lowering import lower_edge_outputs, lower_outputs
@@ -1207,7 +1208,7 @@ def _check_batch(specs: list[ProgramSpec], untouched: _Untouched) -> Sample:
                 problem(index, text)
     judge_prediction("Edge", strideguard.inspect(edge), untouched.edge_lowering)
     try:
-        converted = lower_as_compiled(edge, policy=STRIDEGUARD)
+        converted = lower_as_compiled(edge, subject_of(edge, "test"), AsCompiled(STRIDEGUARD))
     except Exception as error:  # noqa: BLE001
         problems += [(part, f"Edge: Inductor cannot lower strideguard's conversions: {first_line(error)}")
                      for part in range(len(specs))]
@@ -1344,7 +1345,7 @@ def computations_left_unread(original: torch.fx.Graph, rewritten: torch.fx.Graph
 
 def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> Sample:
     from strideguard.decide.pushdown import graph_flops
-    from strideguard.fix.engine import Pushdowns, program_plan
+    from strideguard.fix.engine import Choices, Pushdowns, program_plan
 
     problems: list[tuple[int, str]] = []
     owners = _owners(specs)
@@ -1354,7 +1355,9 @@ def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> S
             part, j = owners[index]
             problems.append((part, f"pushdown: part {part} output {j} ({specs[part].outputs[j]}): {text}"))
 
-    only_pushed = program_plan(program, STRIDEGUARD, pushdowns=Pushdowns.APPLIED, copy_outputs=False)
+    only_pushed = program_plan(
+        subject_of(program, "test"), STRIDEGUARD, choices=Choices(pushdowns=Pushdowns.APPLIED, copy_outputs=False)
+    )
     PUSHED_OUTPUTS.extend(pushdown.description for pushdown in only_pushed.pushdowns)
     by_position = {out.position: out.index for out in user_outputs(program.graph_signature)}
     PUSHED_PROGRAMS.update(specs[owners[by_position[pushdown.output]][0]].dumps()

@@ -313,6 +313,7 @@ def test_the_closed_loop_strengthens_a_copy_one_form_at_a_time():
 def test_the_pinned_copy_passes_the_edge_verifier_and_lays_out_each_mode():
     """The pinned form in every dialect: the program's verifier accepts it and Inductor returns the target."""
     from strideguard.compiler.oracle.lowering import lower_edge_outputs
+    from strideguard.decide.subject import subject_of
     from strideguard.fix.engine import with_stronger_copies
     from strideguard.program.copies import copy_form_of, CopyForm
     from strideguard.program.exported import output_values
@@ -324,7 +325,7 @@ def test_the_pinned_copy_passes_the_edge_verifier_and_lays_out_each_mode():
 
     exported = torch.export.export(Sliced(), (torch.randn(4, 8),))
     for program in (exported, aoti_edge_program(exported), aoti_edge_program(exported, skip_dim_order=True)):
-        pinned = with_stronger_copies(program, {0: CopyForm.PINNED})
+        pinned = with_stronger_copies(program, subject_of(program, "test"), {0: CopyForm.PINNED})
         pinned.validate()
         assert copy_form_of(output_values(pinned.graph)[0]) == CopyForm.PINNED.value
         lowering = lower_edge_outputs(pinned, convert_views=lambda gm: None) if pinned.dialect == "EDGE" else lower_outputs(pinned)

@@ -151,13 +151,14 @@ def test_every_rule_has_a_case():
 
 def test_planning_pushdowns_leaves_the_handed_graph_alone():
     """``make_plan`` applies pushdowns to a working copy it owns, never to the graph it is handed."""
-    from strideguard.fix.engine import Pushdowns, program_plan
+    from strideguard.decide.subject import subject_of
+    from strideguard.fix.engine import Choices, Pushdowns, program_plan
     from strideguard.decide.view_conversion import STRIDEGUARD
 
     case = CASES[0]
     program = torch.export.export(case.module().eval(), case.inputs())
     before = str(program.graph)
-    plan = program_plan(program, STRIDEGUARD, pushdowns=Pushdowns.APPLIED)
+    plan = program_plan(subject_of(program, "test"), STRIDEGUARD, choices=Choices(pushdowns=Pushdowns.APPLIED))
     assert plan.pushdowns and plan.graph is not program.graph
     assert str(program.graph) == before
 

@@ -13,14 +13,11 @@ by user output index: what ``fix.engine.make_plan`` takes as ``layouts``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
-from torch.export import ExportedProgram
 
-from ..program.dialect import copies_into, Dialect, dialect_of
-from ..program.exported import output_values, user_outputs
-from ..program.naming import output_names
+from ..program.dialect import copies_into, Dialect
 from ..program.promises import dim_order_problem, KEEP
 from ..program.reports import counted
 
@@ -52,8 +49,11 @@ def parse_layout(text: str) -> Any:
     )
 
 
-def resolve_layouts(program: ExportedProgram, layouts: Optional[Mapping[Any, Any]], function: str) -> dict[int, Any]:
-    """``layouts`` checked against ``program``'s outputs: user output index -> dim order or ``KEEP``."""
+def resolve_layouts(
+    layouts: Optional[Mapping[Any, Any]], function: str, *, names: Sequence[str], values: Sequence[Any], dialect: Dialect
+) -> dict[int, Any]:
+    """``layouts`` checked against a program's user outputs (their ``names`` and fake ``values``, by index, in
+    ``dialect``): user output index -> dim order or ``KEEP``."""
     if layouts is None:
         return {}
     if not isinstance(layouts, Mapping):
@@ -61,12 +61,6 @@ def resolve_layouts(program: ExportedProgram, layouts: Optional[Mapping[Any, Any
             f"strideguard.{function}: layouts must be a dict from an output's name or index to a layout, "
             f"got {type(layouts).__name__}"
         )
-    names = output_names(program)
-    returned = output_values(program.graph)
-    values = [
-        getattr(returned[out.position], "meta", {}).get("val") for out in user_outputs(program.graph_signature)
-    ]
-    dialect = dialect_of(program)
     resolved: dict[int, Any] = {}
     for key, wanted in layouts.items():
         try:
@@ -101,7 +95,7 @@ def _asked(function: str, key: Any) -> str:
     return f"strideguard.{function}: layouts[{key!r}]"
 
 
-def _output_index(key: Any, names: list[str], function: str) -> int:
+def _output_index(key: Any, names: Sequence[str], function: str) -> int:
     if isinstance(key, bool) or not isinstance(key, (int, str)):
         raise TypeError(f"strideguard.{function}: layouts keys are output names or indices, got {key!r}")
     if isinstance(key, int):

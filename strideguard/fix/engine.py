@@ -35,12 +35,12 @@ from torch.export.graph_signature import ExportGraphSignature
 
 from ..compiler.oracle.attention_kernels import laid_out_by_kernel
 from ..compiler.oracle.padded_matmuls import laid_out_by_benchmark
-from ..compiler.backends import Backend, backend_rewrites, BackendRewrites
+from ..compiler.backends import backend_rewrites, BackendRewrites
 from ..compiler.oracle.lowering import executorch_view_pass, lower_edge_outputs, lower_outputs, Lowering
-from ..compiler.targets import CPU, Target
 from ..decide.facts import analyze_outputs, OutputFacts
 from ..decide.pushdown import plan_pushdowns, Pushdown
 from ..decide.revisions import as_asked, break_shared_memory, exact_facts, left_to_backend, left_to_benchmark
+from ..decide.subject import Subject
 from ..decide.view_conversion import ConversionPolicy, EXECUTORCH, NO_CONVERSION, plan_view_conversion, ViewConversion
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
 from .passes.insert_output_copies import insert_output_copies
@@ -48,23 +48,15 @@ from .passes.push_pieces_into_producers import push_pieces_into_producers
 from .passes.record_requested_layouts import record_requested_layouts
 from .passes.view_copies_to_views import convert_views
 from ..program.copies import copied_source, copy_form_of, CopyForm, insert_copy
-from ..program.dialect import Dialect, dialect_of
-from ..program.exported import (
-    copy_graph,
-    copy_of_graph,
-    rebuild,
-    signature_following_graph,
-    user_outputs,
-    verifier_accepts,
-)
-from ..program.naming import output_names
-from ..program.promises import requested_layouts, target_dim_orders, target_orders_of
+from ..program.dialect import Dialect
+from ..program.exported import copy_graph, copy_of_graph, rebuild, signature_following_graph, verifier_accepts
+from ..program.promises import requested_layouts, target_orders_of
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "Plan", "Pushdowns", "make_plan", "apply_plan", "program_plan", "transformed", "fix_graph_in_place",
-    "lower_as_compiled", "with_stronger_copies",
+    "Plan", "Pushdowns", "Choices", "AsCompiled", "make_plan", "apply_plan", "program_plan", "transformed",
+    "fix_graph_in_place", "lower_as_compiled", "with_stronger_copies",
 ]
 
 
@@ -77,6 +69,43 @@ class Pushdowns(Enum):
     """Found, and named in each output's facts (``OutputLayout.pushdown``); the graph is planned as it is."""
     APPLIED = "applied"
     """Found and applied to a working copy of the graph, for which the rest of the plan is made."""
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What the caller chose for a fix, beside the program and what it said of it (``decide.subject.Subject``)."""
+
+    pushdowns: Pushdowns = Pushdowns.NONE
+    copy_outputs: bool = True
+    """``False``: no output is copied (a runtime that copies every output anyway, as Metal's)."""
+    break_aliases: bool = False
+    """An output sharing memory with an input, a weight or an earlier output gets its own copy too."""
+    update_values: bool = True
+    """``False`` keeps converted nodes' traced values (see ``fix.passes.view_copies_to_views.convert_views``)."""
+
+
+@dataclass(frozen=True)
+class AsCompiled:
+    """How a program is lowered to decide and prove its layouts: as its compile will run it.
+
+    An ATen program is lowered as it is, under ``inductor_configs``; an Edge program with its view copies
+    converted under ``policy``, then by the installed ExecuTorch's own view pass, then by the subject's
+    backend's own passes and decomposition table, as its ``preprocess`` runs them."""
+
+    policy: ConversionPolicy = EXECUTORCH
+    inductor_configs: Optional[Mapping[str, Any]] = None
+
+
+@dataclass(frozen=True)
+class Grounds:
+    """What a plan is decided from beside the graph: Inductor's lowering of the graph planned on, or, without
+    one, what the graph alone cannot say (the nodes a backend's passes rewrite, the matmuls the device's
+    benchmark may pad), and the verifier a careful policy asks before converting."""
+
+    lower: Optional[Callable[[torch.fx.Graph], Lowering]] = None
+    rewrites: Optional[BackendRewrites] = None
+    padded_by_benchmark: Optional[Mapping[str, str]] = None
+    accepts: Optional[Callable[[Any], bool]] = None
 
 
 @dataclass(frozen=True)
@@ -106,49 +135,42 @@ class Plan:
 def make_plan(
     graph: torch.fx.Graph,
     signature: ExportGraphSignature,
-    dialect: Dialect,
+    subject: Subject,
     policy: ConversionPolicy,
-    *,
-    pushdowns: Pushdowns = Pushdowns.NONE,
-    copy_outputs: bool = True,
-    break_aliases: bool = False,
-    accepts: Optional[Callable[[Any], bool]] = None,
-    lower: Optional[Callable[[torch.fx.Graph], Lowering]] = None,
-    rewrites: Optional[BackendRewrites] = None,
-    padded_by_benchmark: Optional[Mapping[str, str]] = None,
-    names: Optional[Sequence[str]] = None,
-    layouts: Optional[Mapping[int, Any]] = None,
+    choices: Choices = Choices(),
+    grounds: Grounds = Grounds(),
 ) -> Plan:
     """Decide what to push down, convert and copy in ``graph`` (``graph`` itself never changes).
 
     An ATen graph has views already: recomputing them only restores the storage
-    sharing a program loaded with ``torch.export.load`` has lost. With
-    ``lower`` (Inductor's lowering of the graph planned on, after any pushdown),
+    sharing a program loaded with ``torch.export.load`` has lost. With a lowering
+    (``grounds.lower``: Inductor's lowering of the graph planned on, after any pushdown),
     each output is copied as the lowering says rather than as the analysis does;
-    with ``copy_outputs=False``, none is. Without a lowering, an output that
-    an AOTI backend's own passes may re-lay (``rewrites``: the nodes they
+    with ``choices.copy_outputs=False``, none is. Without a lowering, an output that
+    an AOTI backend's own passes may re-lay (``grounds.rewrites``: the nodes they
     rewrite, or why they cannot run here) is copied in the form that holds
     whatever they do; with one, only where that backend's passes could not run. Without a lowering, an
-    output that is a matrix product the device's benchmark may pad (``padded_by_benchmark``, by node name,
-    with why), or a view of one, is copied in a form that holds either way.
-    ``names`` are the user outputs' names (``program.naming.output_names``); ``layouts`` the layout the user asks of
-    some of them, by index (a dim order, or ``program.promises.KEEP``), over any the graph records.
+    output that is a matrix product the device's benchmark may pad (``grounds.padded_by_benchmark``, by node
+    name, with why), or a view of one, is copied in a form that holds either way. The subject's ``layouts``
+    (a dim order, or ``program.promises.KEEP``, by index) go over any the graph records.
     """
+    dialect, pushdowns, layouts = subject.dialect, choices.pushdowns, subject.layouts
     described = plan_pushdowns(graph) if pushdowns is Pushdowns.DESCRIBED else ()
     applied: tuple[Pushdown, ...] = ()
     if pushdowns is Pushdowns.APPLIED:
         working, applied = _with_pushdowns_applied(graph, dialect)
         if applied:
             graph, signature = working, signature_following_graph(signature, working)
-    conversion = plan_view_conversion(graph, policy if dialect.is_edge else NO_CONVERSION, accepts=accepts)
+    conversion = plan_view_conversion(graph, policy if dialect.is_edge else NO_CONVERSION, accepts=grounds.accepts)
     recorded = requested_layouts(graph, signature)
-    requested = {**recorded, **(layouts or {})}
-    from_file = frozenset(index for index in recorded if index not in (layouts or {}))
+    requested = {**recorded, **layouts}
+    from_file = frozenset(index for index in recorded if index not in layouts)
     target_orders = {
         index: order for index, order in enumerate(target_orders_of(graph, signature, dialect, requested))
         if order is not None
     }
-    lowering = lower(graph) if lower is not None else None
+    lowering = grounds.lower(graph) if grounds.lower is not None else None
+    rewrites = grounds.rewrites
     facts = analyze_outputs(
         graph,
         signature,
@@ -156,25 +178,25 @@ def make_plan(
         op_of=conversion.view_values.op_of,
         target_orders=target_orders,
         relaid=conversion.relaid() if lowering is None else frozenset(),
-        names=list(names) if names is not None else None,
+        names=list(subject.names),
         predicts=lowering is None,  # with a lowering, its strides decide: the predictor does not run
     )
     if lowering is not None:
         facts = exact_facts(facts, lowering)
-    if break_aliases:
+    if choices.break_aliases:
         facts = break_shared_memory(facts)
     if lowering is not None:
         facts = left_to_backend(facts, graph, {}, lowering.unavailable)
     elif rewrites is not None:
         facts = left_to_backend(facts, graph, rewrites.rewritten, rewrites.unavailable)
-    if lowering is None and padded_by_benchmark:
-        facts = left_to_benchmark(facts, padded_by_benchmark)
+    if lowering is None and grounds.padded_by_benchmark:
+        facts = left_to_benchmark(facts, grounds.padded_by_benchmark)
     facts = as_asked(facts, requested, dialect.is_edge, from_file)
-    if not copy_outputs:
+    if not choices.copy_outputs:
         facts = [fact.uncopied() for fact in facts]
     if described:
         facts = _with_pushdowns_described(facts, described)
-    _log_decisions(facts, applied, lowering, rewrites, copy_outputs)
+    _log_decisions(facts, applied, lowering, rewrites, choices.copy_outputs)
     return Plan(dialect, graph, signature, applied, conversion, tuple(facts), requested)
 
 
@@ -244,24 +266,16 @@ def fix_graph_in_place(
 ) -> int:
     """Plan and apply on ``graph`` itself (no pushdown, which would need a working copy): for a pass that
     rewrites the graph module it is handed, as ExecuTorch's passes do. Returns how many nodes changed."""
+    subject = Subject.of_graph(graph, signature, "executorch.ReplaceViewCopyWithViewPass", dialect)
     with without_garbage_collection():
-        plan = make_plan(graph, signature, dialect, policy, copy_outputs=copy_outputs)
+        plan = make_plan(graph, signature, subject, policy, Choices(copy_outputs=copy_outputs))
         return apply_plan(plan, update_values=update_values)
 
 
-def lower_as_compiled(
-    program: ExportedProgram,
-    *,
-    policy: ConversionPolicy = EXECUTORCH,
-    backend: Optional[Backend] = None,
-    inductor_configs: Optional[dict] = None,
-    target: Target = CPU,
-) -> Lowering:
-    """Inductor's lowering of ``program`` for ``target`` as the AOTI path compiles it: an ATen program as it
-    is (with ``inductor_configs``); an Edge program with its view copies converted under ``policy``, then by
-    the installed ExecuTorch's own pass, which its AOTI backend always runs, then by ``backend``'s own passes
-    and decomposition table, as its ``preprocess`` runs them."""
-    lowering = _lower_as_compiled(program, policy, backend, inductor_configs, target)
+def lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: AsCompiled = AsCompiled()) -> Lowering:
+    """Inductor's lowering of ``program`` (the subject's program, or one made from it) for the subject's
+    target, as its compile runs it (``AsCompiled``)."""
+    lowering = _lower_as_compiled(program, subject, as_compiled)
     logger.info(
         "lowered %d outputs with Inductor for %s in %.2f s%s", len(lowering.outputs), lowering.target, lowering.seconds,
         f" ({lowering.backend}'s passes: {lowering.unavailable})" if lowering.unavailable else "",
@@ -269,9 +283,11 @@ def lower_as_compiled(
     return lowering
 
 
-def _lower_as_compiled(program, policy, backend, inductor_configs, target) -> Lowering:
-    if not dialect_of(program).is_edge:
-        return lower_outputs(program, inductor_configs=inductor_configs, target=target)
+def _lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: AsCompiled) -> Lowering:
+    backend, target, policy = subject.backend, subject.target, as_compiled.policy
+    if not subject.dialect.is_edge:
+        configs = dict(as_compiled.inductor_configs) if as_compiled.inductor_configs is not None else None
+        return lower_outputs(program, inductor_configs=configs, target=target)
     if policy is EXECUTORCH:
         return lower_edge_outputs(program, backend=backend, target=target)
     if policy is NO_CONVERSION:
@@ -287,61 +303,54 @@ def _lower_as_compiled(program, policy, backend, inductor_configs, target) -> Lo
 
 
 def program_plan(
-    program: ExportedProgram,
+    subject: Subject,
     policy: ConversionPolicy,
     *,
-    lower: Optional[Callable[[ExportedProgram], Lowering]] = None,
-    **options,
+    as_compiled: Optional[AsCompiled] = None,
+    choices: Choices = Choices(),
 ) -> Plan:
-    """``make_plan`` for a whole program (never changed), asking its verifier before converting (Edge,
-    careful policies); ``lower`` lowers a program as the one it will be compiled into. Planned from the
-    graph alone, the collector is held off as for a rewrite: a plan's fake values are all alive until it
-    ends, and full collections over them made 2,000 outputs of one input cost 6 times 500's, against 4
-    (``tests/test_bounded.py``)."""
-    if lower is not None:
-        return _plan(program, program.graph, policy, lower, options)
+    """``make_plan`` for the subject's whole program (never changed), asking its verifier before converting
+    (Edge, careful policies); with ``as_compiled``, decided by Inductor's lowering of the program planned on.
+    Planned from the graph alone, the collector is held off as for a rewrite: a plan's fake values are all
+    alive until it ends, and full collections over them made 2,000 outputs of one input cost 6 times 500's,
+    against 4 (``tests/test_bounded.py``)."""
+    if as_compiled is not None:
+        return _plan(subject, subject.program.graph, policy, as_compiled, choices, None)
     with without_garbage_collection():
-        return _plan(program, program.graph, policy, lower, options)
+        return _plan(subject, subject.program.graph, policy, as_compiled, choices, None)
 
 
 def _plan(
-    program: ExportedProgram,
+    subject: Subject,
     graph: torch.fx.Graph,
     policy: ConversionPolicy,
-    lower: Optional[Callable[[ExportedProgram], Lowering]],
-    options: dict,
+    as_compiled: Optional[AsCompiled],
+    choices: Choices,
+    unavailable: Optional[str],
 ) -> Plan:
-    """``make_plan`` on ``graph`` (``program``'s or a copy of it), with ``lower`` applied to the program
-    around the graph the plan is made for."""
-    dialect = dialect_of(program)
+    """``make_plan`` on ``graph`` (the subject's program's or a copy of it), lowered ``as_compiled`` where
+    given; ``unavailable`` says why the target's lowering cannot run here."""
+    program, dialect, target = subject.program, subject.dialect, subject.target
     accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
-    options = dict(options)
-    backend = options.pop("backend", None)
-    target = options.pop("target", CPU)
-    unavailable = options.pop("lowering_unavailable", None)
     if unavailable is not None:
         # The target's lowering cannot run here: every tensor output is copied in a form that holds.
-        options["rewrites"] = BackendRewrites({}, unavailable)
-    elif lower is None:
+        grounds = Grounds(rewrites=BackendRewrites({}, unavailable), accepts=accepts)
+    elif as_compiled is None:
         # Without a lowering, the nodes the backend's own passes rewrite, and those whose layout the device's
         # kernel choice decides, are copied in a form that holds.
-        known = backend_rewrites(program, backend) if dialect.is_edge else None
+        known = backend_rewrites(program, subject.backend) if dialect.is_edge else None
         by_kernel = laid_out_by_kernel(graph, target)
-        options["padded_by_benchmark"] = laid_out_by_benchmark(graph, target)
         if by_kernel:
             known = known or BackendRewrites({}, None)
             known = BackendRewrites({**by_kernel, **known.rewritten}, known.unavailable)
-        if known is not None:
-            options["rewrites"] = known
+        grounds = Grounds(rewrites=known, padded_by_benchmark=laid_out_by_benchmark(graph, target), accepts=accepts)
+    else:
+        def lower_planned(planned: torch.fx.Graph) -> Lowering:
+            # Planned on the graph as handed: the program itself is what will be compiled.
+            return lower_as_compiled(program if planned is graph else rebuild(program, planned), subject, as_compiled)
 
-    def lower_planned(planned: torch.fx.Graph) -> Lowering:
-        # Planned on the graph as handed: the program itself is what will be compiled.
-        return lower(program if planned is graph else rebuild(program, planned))
-
-    return make_plan(
-        graph, program.graph_signature, dialect, policy, accepts=accepts,
-        lower=lower_planned if lower is not None else None, names=output_names(program), **options,
-    )
+        grounds = Grounds(lower=lower_planned, accepts=accepts)
+    return make_plan(graph, program.graph_signature, subject, policy, choices, grounds)
 
 
 @contextlib.contextmanager
@@ -363,41 +372,42 @@ def without_garbage_collection():
 
 
 def transformed(
-    program: ExportedProgram,
+    subject: Subject,
     policy: ConversionPolicy,
     *,
-    lower: Optional[Callable[[ExportedProgram], Lowering]] = None,
-    update_values: bool = True,
-    **options,
+    as_compiled: Optional[AsCompiled] = None,
+    choices: Choices = Choices(),
+    unavailable: Optional[str] = None,
 ) -> tuple[ExportedProgram, int]:
-    """A new program with its plan (``make_plan`` ``options``) applied, and how many nodes changed;
-    ``program`` itself, untouched, is never changed. Weights are shared, not copied: a weight's piece in a
-    pushdown is a slice in the graph."""
+    """A new program with its plan applied, and how many nodes changed; the subject's program, untouched, is
+    never changed. Weights are shared, not copied: a weight's piece in a pushdown is a slice in the graph.
+    ``unavailable``: why the target's lowering cannot run here (every tensor output is then copied)."""
+    program = subject.program
     with without_garbage_collection():
-        plan = _plan(program, copy_graph(program), policy, lower, options)
-        changed = apply_plan(plan, update_values=update_values)
+        plan = _plan(subject, copy_graph(program), policy, as_compiled, choices, unavailable)
+        changed = apply_plan(plan, update_values=choices.update_values)
         return rebuild(program, plan.graph), changed
 
 
-def with_stronger_copies(program: ExportedProgram, forms: Mapping[int, CopyForm]) -> ExportedProgram:
-    """A new program whose listed user outputs (``forms``: by index, the form each gets) are copied in that form,
-    replacing any weaker copy."""
-    dialect = dialect_of(program)
-    orders = target_dim_orders(program)
+def with_stronger_copies(program: ExportedProgram, subject: Subject, forms: Mapping[int, CopyForm]) -> ExportedProgram:
+    """A new program (``program``: the subject's, fixed) whose listed user outputs (``forms``: by index, the
+    form each gets) are copied in that form, replacing any weaker copy."""
+    dialect, signature = subject.dialect, program.graph_signature
     with without_garbage_collection():
         graph = copy_graph(program)
+        requested = requested_layouts(graph, signature)
+        orders = target_orders_of(graph, signature, dialect, requested)
         output_node = graph.output_node()
         returned = list(output_node.args[0])
-        positions = [out.position for out in user_outputs(program.graph_signature)]
-        names = output_names(program)
         for index, form in forms.items():
-            node = returned[positions[index]]
+            position = subject.outputs[index].position
+            node = returned[position]
             source = copied_source(node) or node
-            returned[positions[index]] = insert_copy(
-                graph, source, dialect, orders[index], lambda n: n.meta.get("val"), form, serves=names[index]
+            returned[position] = insert_copy(
+                graph, source, dialect, orders[index], lambda n: n.meta.get("val"), form, serves=subject.names[index]
             )
         output_node.args = (type(output_node.args[0])(returned),)
-        record_requested_layouts(graph, program.graph_signature, requested_layouts(program.graph, program.graph_signature))
+        record_requested_layouts(graph, signature, requested)
         graph.eliminate_dead_code(is_impure_node=_only_copies_are_pure)
         return rebuild(program, graph)
 

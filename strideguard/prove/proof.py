@@ -22,20 +22,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch.export import ExportedProgram
 
 from ..compiler.oracle.lowering import LoweredOutput, Lowering
 from ..compiler.targets import LoweringUnavailable
+from ..decide.subject import Subject
 from ..decide.view_conversion import ConversionPolicy
-from ..fix.engine import transformed, with_stronger_copies
+from ..fix.engine import AsCompiled, Choices, lower_as_compiled, transformed, with_stronger_copies
 from ..program import density
 from ..program.copies import copy_form_of, stronger_form
-from ..program.exported import output_values, user_outputs
-from ..program.naming import output_names, source_line
-from ..program.promises import kept_outputs, target_dim_orders
+from ..program.exported import output_values
+from ..program.naming import source_line
+from ..program.promises import KEEP, requested_layouts, target_orders_of
 
 logger = logging.getLogger(__name__)
 
@@ -107,12 +108,14 @@ PROOF_KEY = "strideguard_proof"
 
 def prove_layouts(
     fixed: ExportedProgram,
-    lower: Callable[[ExportedProgram], Lowering],
+    subject: Subject,
+    as_compiled: AsCompiled,
     *,
     keeps_kernel_memory: bool = False,
     max_rounds: int = MAX_ROUNDS,
 ) -> tuple[ExportedProgram, Proof]:
-    """Lower ``fixed`` with ``lower`` until every user output is in its target layout, strengthening copies.
+    """Lower ``fixed`` (the subject's program, fixed) ``as_compiled`` until every user output is in its target
+    layout, strengthening copies.
 
     Returns the program that was proven (``fixed`` itself when its copies held) and how.
     Raises ``LayoutNotReached`` when an output is out of layout with the strongest copy in place.
@@ -121,74 +124,68 @@ def prove_layouts(
     lowered_seconds = 0.0
     strengthened: list[int] = []
     for round_number in range(1, max_rounds + 1):
-        lowering = lower(fixed)
+        lowering = lower_as_compiled(fixed, subject, as_compiled)
         lowered_seconds += lowering.seconds
-        wrong = _out_of_layout(fixed, lowering)
+        returned = _returned(fixed, subject)
+        wrong = _out_of_layout(fixed, subject, returned, lowering)
         if not wrong:
             unproven, why = _unproven(lowering, keeps_kernel_memory)
-            proof = Proof(
-                round_number, lowered_seconds, tuple(strengthened), lowering.backend, unproven, str(lowering.target), why,
-                tuple(output_names(fixed)), _copied_outputs(fixed), _source_lines(fixed),
-            )
+            proof = _proof(subject, returned, round_number, lowered_seconds, strengthened, lowering.backend, unproven, why)
             if unproven:
                 logger.warning(
                     "strideguard: outputs %s are not proven in their layout: %s", ", ".join(proof.named(unproven)), why
                 )
             fixed.graph_module.meta[PROOF_KEY] = proof
             return fixed, proof
-        stronger = {index: _stronger(fixed, index) for index, _, _ in wrong}
+        stronger = {index: _stronger(returned[index]) for index, _, _ in wrong}
         unreachable = [
-            _unreached(fixed, index, lowered, order, lowering) for index, lowered, order in wrong if stronger[index] is None
+            _unreached(subject, returned[index], index, lowered, order, lowering)
+            for index, lowered, order in wrong if stronger[index] is None
         ]
         if unreachable or round_number == max_rounds:
             raise LayoutNotReached(tuple(unreachable) or tuple(
-                _unreached(fixed, index, lowered, order, lowering) for index, lowered, order in wrong
+                _unreached(subject, returned[index], index, lowered, order, lowering) for index, lowered, order in wrong
             ))
-        fixed = with_stronger_copies(fixed, stronger)
+        fixed = with_stronger_copies(fixed, subject, stronger)
         strengthened += [index for index, _, _ in wrong if index not in strengthened]
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 def fixed_and_proven(
-    program: ExportedProgram,
+    subject: Subject,
     policy: ConversionPolicy,
-    lower: Callable[[ExportedProgram], Lowering],
+    as_compiled: AsCompiled,
     *,
-    lower_fixed: Optional[Callable[[ExportedProgram], Lowering]] = None,
+    fixed_as: Optional[AsCompiled] = None,
+    choices: Choices = Choices(),
     keeps_kernel_memory: bool = False,
     falls_back: bool = False,
-    **options,
 ) -> tuple[ExportedProgram, int, Proof]:
-    """``transformed`` with its copies decided by Inductor's lowering (``lower``) of the program planned on
-    (``program``, or its working copy with the pushdowns applied), then the loop closed on the result with
-    ``lower_fixed`` (by default ``lower``): the fixed program, the nodes the fix changed, and its ``Proof``.
-    With ``falls_back``, where the lowering cannot run here (``LoweringUnavailable``), every tensor output is
-    copied instead and the ``Proof`` lists them all as unproven, with why (logged); otherwise it raises."""
+    """``transformed`` with its copies decided by Inductor's lowering (``as_compiled``) of the program planned on
+    (the subject's, or its working copy with the pushdowns applied), then the loop closed on the result,
+    lowered ``fixed_as`` (by default ``as_compiled``): the fixed program, the nodes the fix changed, and its
+    ``Proof``. With ``falls_back``, where the lowering cannot run here (``LoweringUnavailable``), every tensor
+    output is copied instead and the ``Proof`` lists them all as unproven, with why (logged); otherwise it
+    raises."""
     try:
-        fixed, changed = transformed(program, policy, lower=lower, **options)
+        fixed, changed = transformed(subject, policy, as_compiled=as_compiled, choices=choices)
     except LoweringUnavailable as error:
         if not falls_back:
             raise
-        return _copied_unproven(program, policy, str(error), options)
-    fixed, proof = prove_layouts(fixed, lower_fixed or lower, keeps_kernel_memory=keeps_kernel_memory)
+        return _copied_unproven(subject, policy, str(error), choices)
+    fixed, proof = prove_layouts(fixed, subject, fixed_as or as_compiled, keeps_kernel_memory=keeps_kernel_memory)
     return fixed, changed, proof
 
 
-def _copied_unproven(program: ExportedProgram, policy: ConversionPolicy, why: str, options: dict):
+def _copied_unproven(subject: Subject, policy: ConversionPolicy, why: str, choices: Choices):
     """Where the target's lowering cannot run here: every tensor output copied, and none claimed proven."""
-    fixed, changed = transformed(program, policy, lowering_unavailable=why, **options)
-    outputs = user_outputs(fixed.graph_signature)
-    returned = output_values(fixed.graph)
+    fixed, changed = transformed(subject, policy, choices=choices, unavailable=why)
+    returned = _returned(fixed, subject)
     tensors = tuple(
-        out.index for out in outputs
-        if isinstance(getattr(returned[out.position], "meta", {}).get("val"), torch.Tensor)
+        index for index, node in enumerate(returned) if isinstance(getattr(node, "meta", {}).get("val"), torch.Tensor)
     )
-    target = options.get("target")
-    backend = options.get("backend")
-    proof = Proof(
-        0, 0.0, (), getattr(backend, "name", None), tensors, str(target or "cpu"), why,
-        tuple(output_names(fixed)), _copied_outputs(fixed), _source_lines(fixed),
-    )
+    backend = getattr(subject.backend, "name", None)
+    proof = _proof(subject, returned, 0, 0.0, [], backend, tensors, why)
     logger.warning(
         "strideguard: outputs %s are copied but not proven in their layout: %s", ", ".join(proof.named(tensors)), why
     )
@@ -196,16 +193,18 @@ def _copied_unproven(program: ExportedProgram, policy: ConversionPolicy, why: st
     return fixed, changed, proof
 
 
-def _copied_outputs(program: ExportedProgram) -> tuple[int, ...]:
-    returned = output_values(program.graph)
-    return tuple(
-        out.index for out in user_outputs(program.graph_signature) if copy_form_of(returned[out.position]) is not None
+def _returned(program: ExportedProgram, subject: Subject) -> list:
+    """The nodes ``program`` (the subject's, fixed) returns as user outputs, by index."""
+    values = output_values(program.graph)
+    return [values[out.position] for out in subject.outputs]
+
+
+def _proof(subject, returned, rounds, seconds, strengthened, backend, unproven, why) -> Proof:
+    return Proof(
+        rounds, seconds, tuple(strengthened), backend, tuple(unproven), str(subject.target), why, subject.names,
+        tuple(index for index, node in enumerate(returned) if copy_form_of(node) is not None),
+        tuple(source_line(node) for node in returned),
     )
-
-
-def _source_lines(program: ExportedProgram) -> tuple[Optional[str], ...]:
-    returned = output_values(program.graph)
-    return tuple(source_line(returned[out.position]) for out in user_outputs(program.graph_signature))
 
 
 def _unproven(lowering: Lowering, keeps_kernel_memory: bool) -> tuple[tuple[int, ...], Optional[str]]:
@@ -224,34 +223,30 @@ def _unproven(lowering: Lowering, keeps_kernel_memory: bool) -> tuple[tuple[int,
     )
 
 
-def _stronger(program: ExportedProgram, index: int):
-    """The copy form to try next for user output ``index`` (``None``: its copy is the strongest there is)."""
-    node = output_values(program.graph)[_position(program, index)]
+def _stronger(node: torch.fx.Node):
+    """The copy form to try next for the user output ``node`` (``None``: its copy is the strongest there is)."""
     return stronger_form(copy_form_of(node), node.meta["val"])
 
 
-def _position(program: ExportedProgram, index: int) -> int:
-    return user_outputs(program.graph_signature)[index].position
-
-
-def _out_of_layout(program: ExportedProgram, lowering: Lowering) -> list[tuple[int, LoweredOutput, tuple]]:
-    orders = target_dim_orders(program)
+def _out_of_layout(program: ExportedProgram, subject: Subject, returned: list, lowering: Lowering) -> list[tuple[int, LoweredOutput, tuple]]:
+    requested = requested_layouts(program.graph, program.graph_signature)
+    orders = target_orders_of(program.graph, program.graph_signature, subject.dialect, requested)
     if len(lowering.outputs) != len(orders):
         raise RuntimeError(
             f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(orders)} user outputs"
         )
-    kept = kept_outputs(program)
     wrong = []
     for index, (order, lowered) in enumerate(zip(orders, lowering.outputs)):
-        if order is None or lowered is None or index in kept:
+        if order is None or lowered is None or requested.get(index) == KEEP:
             continue
         if any(density.has_layout(lowered.shape, strides, order) is not True for strides in lowered.every_strides):
             wrong.append((index, lowered, order))
     return wrong
 
 
-def _unreached(program: ExportedProgram, index: int, lowered: LoweredOutput, order: tuple, lowering: Lowering) -> Unreached:
-    node = output_values(program.graph)[_position(program, index)]
+def _unreached(
+    subject: Subject, node: torch.fx.Node, index: int, lowered: LoweredOutput, order: tuple, lowering: Lowering
+) -> Unreached:
     if copy_form_of(node) is not None and stronger_form(copy_form_of(node), node.meta["val"]) is None:
         by = f"{lowering.backend}'s own passes or Inductor" if lowering.backend else "Inductor"
         cause = f"{by} re-lay it after strideguard's strongest copy"
@@ -261,6 +256,4 @@ def _unreached(program: ExportedProgram, index: int, lowered: LoweredOutput, ord
         cause = "it is not copied"
     if lowering.unavailable:
         cause += f" ({lowering.unavailable})"
-    return Unreached(index, output_names(program)[index], tuple(lowered.strides), tuple(order), cause)
-
-
+    return Unreached(index, subject.names[index], tuple(lowered.strides), tuple(order), cause)

@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 
 from ..compiler.oracle.lowering import lower_outputs
-from ..compiler.targets import target_for
+from ..decide.subject import subject_of
 from ..decide.view_conversion import EXECUTORCH
 from ..fix.engine import program_plan
 from .isolation import DEFAULT_SECONDS, Limits, run_isolated
@@ -124,8 +124,7 @@ class Expectations:
 def expectations(program: ExportedProgram, compiled_program: ExportedProgram) -> Expectations:
     """Targets from ``program`` (an Edge program's promised dim orders); predictions and lowering of the
     ATen program AOTInductor compiles for it."""
-    target = target_for(compiled_program, None, None, "verify")
-    predicted = [fact.reported for fact in program_plan(compiled_program, EXECUTORCH, target=target).outputs]
+    predicted = [fact.reported for fact in program_plan(subject_of(compiled_program, "verify"), EXECUTORCH).outputs]
     lowering = lower_outputs(compiled_program)
     return Expectations(
         target_orders=target_dim_orders(program),
