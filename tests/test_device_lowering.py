@@ -308,15 +308,18 @@ def test_a_lowering_for_an_absent_device_leaves_torch_as_it_found_it():
 def test_device_names_the_lowering_target(monkeypatch):
     program = _two_views()
     seen = []
-    import strideguard.api as api
+    import strideguard.fix.engine as engine
+    import strideguard.prove.proof as proof
 
-    real = api.lower_as_compiled
+    real = engine.lower_as_compiled
 
-    def spy(candidate, **options):
-        seen.append(options.get("target"))
-        return real(candidate, **options)
+    def spy(candidate, subject, *how):
+        seen.append(subject.target)
+        return real(candidate, subject, *how)
 
-    monkeypatch.setattr(api, "lower_as_compiled", spy)
+    # the plan's lowering (the engine's) and the closed loop's (the proof's)
+    monkeypatch.setattr(engine, "lower_as_compiled", spy)
+    monkeypatch.setattr(proof, "lower_as_compiled", spy)
     fixed = strideguard.densify_outputs(program, exact=True, device=torch.device("cuda"))
     # every lowering (the plan's and the closed loop's) for the one device asked, sm90 assumed without a GPU
     assert len(seen) >= 2 and all(target == seen[0] for target in seen)

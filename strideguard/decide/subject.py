@@ -77,17 +77,17 @@ def subject_of(
     ``decide.user_layouts.resolve_layouts``. Raises the entry point's own ``TypeError`` or ``ValueError``,
     naming ``function``, for anything it cannot use."""
     program = require_exported_program(program, function)
+    outputs = tuple(user_outputs(program.graph_signature))
+    returned = output_values(program.graph)
+    values = [getattr(returned[out.position], "meta", {}).get("val") for out in outputs]
     dialect = dialect_of(program)
+    names = tuple(output_names(program, len(outputs)))
     resolved = backend if isinstance(backend, Backend) else resolve_backend(backend, compile_specs, function=function)
     if resolved is not None and not dialect.is_edge:
         raise ValueError(
             f"strideguard.{function}: backend names an ExecuTorch AOTI backend, which compiles Edge programs; "
             "this is an ATen program"
         )
-    outputs = tuple(user_outputs(program.graph_signature))
-    names = tuple(output_names(program, len(outputs)))
-    returned = output_values(program.graph)
-    values = [getattr(returned[out.position], "meta", {}).get("val") for out in outputs]
     return Subject(
         program, function, dialect, target_for(program, device, resolved, function), resolved, outputs, names,
         resolve_layouts(layouts, function, names=names, values=values, dialect=dialect),

@@ -34,7 +34,7 @@ from torch.fx import Node
 
 from ..compiler.predictor.relayout import RelaidNodes
 from ..program import density, ops
-from ..program.dialect import aten_op, view_twin
+from ..program.dialect import graph_ops, GraphOps
 from ..program.exported import output_values
 from ..program.fake_values import call_on_fake_values, storage_key
 from ..program.ops import is_higher_order, is_view_op
@@ -54,13 +54,13 @@ class ConversionPolicy:
     careful: bool
     """Refuse layout-dependent users and returned copies that gain nothing, for the extra conversions."""
 
-    def admits(self, target: Any) -> bool:
-        op = aten_op(target)
+    def admits(self, node: Node, ops_of_graph: GraphOps) -> bool:
+        op = ops_of_graph.aten.get(node)
         if not isinstance(op, torch._ops.OpOverload):
             return False
         if self.extra is not None:
             return op in self.extra
-        return view_twin(target) is not None
+        return ops_of_graph.twin.get(node) is not None
 
 
 NO_CONVERSION = ConversionPolicy("none", backend=False, extra=frozenset(), careful=False)
@@ -152,6 +152,7 @@ def plan_view_conversion(
     the verifier takes the view op.
     """
     conversion = ViewConversion(graph, policy)
+    ops_of_graph = graph_ops(graph)
     if policy.backend:
         conversion.later.update(backend_conversions(graph, scope=scope))
     returned = dict.fromkeys(_returned_nodes(graph))
@@ -190,16 +191,16 @@ def plan_view_conversion(
             decided_returned_storages |= storages(pieces)
             continue
         if (
-            not policy.admits(node.target)
+            not policy.admits(node, ops_of_graph)
             or (scope is not None and not scope(node))
-            or (accepts is not None and not accepts(view_twin(node.target)))
-            or _has_blocking_user(node, policy, scope)
+            or (accepts is not None and not accepts(ops_of_graph.twin[node]))
+            or _has_blocking_user(node, policy, ops_of_graph, scope)
             or _blocks_a_later_conversion(node, conversion)
         ):
             decided_returned_storages |= storages(pieces)
             continue
-        view_op = view_twin(node.target)
-        candidate = _as_view(node, view_op, conversion)
+        view_op = ops_of_graph.twin[node]
+        candidate = _as_view(node, ops_of_graph.twin_aten[node], conversion)
         if candidate is None:
             continue
         if policy.careful and _reorders_for_compute(node, candidate, conversion):
@@ -246,16 +247,16 @@ def _blocks_a_later_conversion(node: Node, conversion: ViewConversion) -> bool:
 
 
 def _as_view(node: Node, view_op: Any, conversion: ViewConversion) -> Optional[Geometries]:
-    """The geometry ``node`` would have as ``view_op``; ``None`` where it cannot be a view (a ``view_copy``
-    whose input's strides allow no view)."""
+    """The geometry ``node`` would have as ``view_op`` (an ATen op); ``None`` where it cannot be a view (a
+    ``view_copy`` whose input's strides allow no view)."""
     source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
     base = conversion.view_values.geometry(source) if source is not None else None
     if isinstance(base, Geometry) and base.static:
-        found = view_geometry(aten_op(view_op), base, node.args[1:], node.kwargs)
+        found = view_geometry(view_op, base, node.args[1:], node.kwargs)
         if found is not None:
             return found
     try:
-        value = call_on_fake_values(aten_op(view_op), node, conversion.view_values.value)
+        value = call_on_fake_values(view_op, node, conversion.view_values.value)
     except RuntimeError:
         return None
     return [Geometry.of(v) for v in value] if isinstance(value, (list, tuple)) else Geometry.of(value)
@@ -346,29 +347,32 @@ def _returned_nodes(graph: torch.fx.Graph) -> list[Node]:
     return [v for v in output_values(graph) if isinstance(v, Node)]
 
 
-def _has_blocking_user(node: Node, policy: ConversionPolicy, scope: Optional[Callable[[Node], bool]] = None) -> bool:
+def _has_blocking_user(
+    node: Node, policy: ConversionPolicy, ops_of_graph: GraphOps, scope: Optional[Callable[[Node], bool]] = None
+) -> bool:
     for user in node.users:
         if user.op == "output" or (scope is not None and not scope(user)):
             continue
         if user.op != "call_function":
             return True
         if user.target is operator.getitem:
-            if _has_blocking_user(user, policy, scope):
+            if _has_blocking_user(user, policy, ops_of_graph, scope):
                 return True
             continue
-        if _mutates(user, node):
+        op = ops_of_graph.op(user)
+        if _mutates(user, op, node):
             return True
         if not policy.careful:
-            if is_view_op(user.target):
+            if is_view_op(op):
                 return True
             continue
-        if _depends_on_layout(user.target):
+        if _depends_on_layout(user.target, op):
             return True
     return False
 
 
-def _mutates(user: Node, node: Node) -> bool:
-    schema = getattr(aten_op(user.target), "_schema", None)
+def _mutates(user: Node, op: Any, node: Node) -> bool:
+    schema = getattr(op, "_schema", None)
     if schema is None:
         return False
     for position, arg in enumerate(user.args):
@@ -384,11 +388,10 @@ def _mutates(user: Node, node: Node) -> bool:
     return False
 
 
-def _depends_on_layout(target: Any) -> bool:
-    """Users that may read their input's memory as laid out, not through strides."""
+def _depends_on_layout(target: Any, op: Any) -> bool:
+    """Users that may read their input's memory as laid out, not through strides (``op``: ``target``'s ATen op)."""
     if is_higher_order(target):
         return True
-    op = aten_op(target)
     if not isinstance(op, torch._ops.OpOverload):
         return True
     if op.namespace not in ("aten", "dim_order_ops"):

@@ -110,15 +110,13 @@ class Grounds:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything decided for one graph: its dialect, the pushdowns, the view conversions, and each user
-    output's facts (``action`` says whether it is copied, ``reason`` why)."""
+    """Everything decided for one graph: what it is planned for (its dialect in ``subject``), the pushdowns, the view
+    conversions, and each user output's facts (``action`` says whether it is copied, ``reason`` why)."""
 
-    dialect: Dialect
+    subject: Subject
     graph: torch.fx.Graph
     """The graph the conversions and copies are planned on: the one handed to ``make_plan``, or, where
     pushdowns were applied, a working copy carrying them."""
-    signature: ExportGraphSignature
-    """``graph``'s signature (it names the nodes ``graph`` returns)."""
     pushdowns: tuple[Pushdown, ...]
     """The pushdowns applied in ``graph`` (``Pushdowns.APPLIED``; those only described are in ``outputs``)."""
     conversion: ViewConversion
@@ -162,11 +160,11 @@ def make_plan(
         if applied:
             graph, signature = working, signature_following_graph(signature, working)
     conversion = plan_view_conversion(graph, policy if dialect.is_edge else NO_CONVERSION, accepts=grounds.accepts)
-    recorded = requested_layouts(graph, signature)
+    recorded = requested_layouts(graph, subject.outputs)
     requested = {**recorded, **layouts}
     from_file = frozenset(index for index in recorded if index not in layouts)
     target_orders = {
-        index: order for index, order in enumerate(target_orders_of(graph, signature, dialect, requested))
+        index: order for index, order in enumerate(target_orders_of(graph, subject.outputs, dialect, requested))
         if order is not None
     }
     lowering = grounds.lower(graph) if grounds.lower is not None else None
@@ -197,7 +195,7 @@ def make_plan(
     if described:
         facts = _with_pushdowns_described(facts, described)
     _log_decisions(facts, applied, lowering, rewrites, choices.copy_outputs)
-    return Plan(dialect, graph, signature, applied, conversion, tuple(facts), requested)
+    return Plan(subject, graph, applied, conversion, tuple(facts), requested)
 
 
 def _log_decisions(facts, applied, lowering, rewrites, copy_outputs: bool) -> None:
@@ -248,9 +246,9 @@ def apply_plan(plan: Plan, *, update_values: bool = True) -> int:
     ``update_values=False`` keeps converted nodes' traced values (see ``convert_views``).
     """
     changed = len(plan.pushdowns) + convert_views(plan.conversion, update_values=update_values)
-    changed += len(insert_output_copies(plan.graph, plan.copies, plan.dialect, plan.conversion.view_values.value))
-    changed += record_requested_layouts(plan.graph, plan.signature, plan.requested)
-    if plan.dialect.is_edge:
+    changed += len(insert_output_copies(plan.graph, plan.copies, plan.subject.dialect, plan.conversion.view_values.value))
+    changed += record_requested_layouts(plan.graph, plan.subject.outputs, plan.requested)
+    if plan.subject.dialect.is_edge:
         changed += detach_copy_to_alias_copy(plan.graph)
     return changed
 
@@ -392,11 +390,11 @@ def transformed(
 def with_stronger_copies(program: ExportedProgram, subject: Subject, forms: Mapping[int, CopyForm]) -> ExportedProgram:
     """A new program (``program``: the subject's, fixed) whose listed user outputs (``forms``: by index, the
     form each gets) are copied in that form, replacing any weaker copy."""
-    dialect, signature = subject.dialect, program.graph_signature
+    dialect = subject.dialect
     with without_garbage_collection():
         graph = copy_graph(program)
-        requested = requested_layouts(graph, signature)
-        orders = target_orders_of(graph, signature, dialect, requested)
+        requested = requested_layouts(graph, subject.outputs)
+        orders = target_orders_of(graph, subject.outputs, dialect, requested)
         output_node = graph.output_node()
         returned = list(output_node.args[0])
         for index, form in forms.items():
@@ -407,7 +405,7 @@ def with_stronger_copies(program: ExportedProgram, subject: Subject, forms: Mapp
                 graph, source, dialect, orders[index], lambda n: n.meta.get("val"), form, serves=subject.names[index]
             )
         output_node.args = (type(output_node.args[0])(returned),)
-        record_requested_layouts(graph, signature, requested)
+        record_requested_layouts(graph, subject.outputs, requested)
         graph.eliminate_dead_code(is_impure_node=_only_copies_are_pure)
         return rebuild(program, graph)
 

@@ -12,9 +12,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 from torch.export import ExportedProgram
@@ -78,6 +79,32 @@ def _unwrapped(target: Any) -> Any:
 
 
 _remembered_aten_op = lru_cache(maxsize=None)(_unwrapped)
+
+
+@dataclass(frozen=True)
+class GraphOps:
+    """Each ``call_function`` node's op as the decisions read it, normalised once per graph rather than once
+    per question: its ATen op (an Edge op unwrapped), its view twin in its own dialect (``None`` where it has
+    none) and that twin's ATen op. Read before the graph changes: a node added later is not in it."""
+
+    aten: Mapping[torch.fx.Node, Any]
+    twin: Mapping[torch.fx.Node, Any]
+    twin_aten: Mapping[torch.fx.Node, Any]
+
+    def op(self, node: torch.fx.Node) -> Any:
+        """``node``'s ATen op; its own target for a node that calls no function."""
+        return self.aten.get(node, node.target)
+
+
+def graph_ops(graph: torch.fx.Graph) -> GraphOps:
+    """``graph``'s ops, normalised once (``GraphOps``)."""
+    aten, twin, twin_aten = {}, {}, {}
+    for node in graph.nodes:
+        if node.op == "call_function":
+            aten[node] = aten_op(node.target)
+            twin[node] = view_twin(node.target) if isinstance(aten[node], torch._ops.OpOverload) else None
+            twin_aten[node] = aten_op(twin[node]) if twin[node] is not None else None
+    return GraphOps(aten, twin, twin_aten)
 
 
 def _edge_ops():

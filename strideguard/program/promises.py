@@ -9,15 +9,14 @@ to leave an output as the compiler lays it out.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature
 
 from . import density
 from .dialect import Dialect, dialect_of
-from .exported import output_values, user_outputs
+from .exported import output_values, user_outputs, UserOutput
 
 LAYOUT_TAG = "strideguard_layout"
 """Key in a returned node's ``meta["custom"]`` (kept by ``torch.export.save`` and ExecuTorch): the layout the
@@ -45,13 +44,14 @@ def dim_order_problem(order: Any, ndim: int) -> Optional[str]:
     return None
 
 
-def requested_layouts(graph: torch.fx.Graph, signature: ExportGraphSignature) -> dict[int, Any]:
-    """The layouts recorded in ``graph`` (``LAYOUT_TAG``), by user output index: a dim order or ``KEEP``.
+def requested_layouts(graph: torch.fx.Graph, outputs: Sequence[UserOutput]) -> dict[int, Any]:
+    """The layouts recorded in ``graph`` (``LAYOUT_TAG``) for its user ``outputs``, by user output index: a dim
+    order or ``KEEP``.
     A recorded request is checked as one the user gives: anything but ``KEEP`` or a permutation of the
     output's dimensions raises ``RecordedLayoutRefused``, naming the output and the request."""
     returned = output_values(graph)
     found: dict[int, Any] = {}
-    for out in user_outputs(signature):
+    for out in outputs:
         node = returned[out.position] if out.position < len(returned) else None
         custom = node.meta.get("custom") if isinstance(node, torch.fx.Node) else None
         tags = custom.get(LAYOUT_TAG) if isinstance(custom, dict) else None
@@ -100,16 +100,18 @@ def target_dim_orders(program: ExportedProgram) -> tuple[Optional[tuple[int, ...
     (``LAYOUT_TAG``), else contiguous in an ATen program and the promised dim order in an Edge one;
     ``None`` for an output that is not a tensor. An output the user asked to keep has its default target
     here (``kept_outputs`` says which those are)."""
-    return target_orders_of(program.graph, program.graph_signature, dialect_of(program))
+    return target_orders_of(program.graph, user_outputs(program.graph_signature), dialect_of(program))
 
 
-def target_orders_of(graph: torch.fx.Graph, signature: Any, dialect: Dialect, requested: Optional[dict] = None) -> tuple:
-    """``target_dim_orders`` for a graph and its signature; ``requested`` (user output index -> dim order or
-    ``"keep"``) goes over what the graph records."""
-    asked = {**requested_layouts(graph, signature), **(requested or {})}
+def target_orders_of(
+    graph: torch.fx.Graph, outputs: Sequence[UserOutput], dialect: Dialect, asked: Optional[Mapping[int, Any]] = None
+) -> tuple:
+    """``target_dim_orders`` for a graph and its user ``outputs``; ``asked`` (user output index -> dim order or
+    ``"keep"``) is what was asked of them, by default what the graph records (``requested_layouts``)."""
+    asked = asked if asked is not None else requested_layouts(graph, outputs)
     returned = output_values(graph)
     orders = []
-    for out in user_outputs(signature):
+    for out in outputs:
         node = returned[out.position]
         value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if not isinstance(value, torch.Tensor):
@@ -123,4 +125,5 @@ def target_orders_of(graph: torch.fx.Graph, signature: Any, dialect: Dialect, re
 
 def kept_outputs(program: ExportedProgram) -> frozenset[int]:
     """The user outputs the user asked to keep as the compiler lays them out (``KEEP``)."""
-    return frozenset(i for i, wanted in requested_layouts(program.graph, program.graph_signature).items() if wanted == KEEP)
+    asked = requested_layouts(program.graph, user_outputs(program.graph_signature))
+    return frozenset(i for i, wanted in asked.items() if wanted == KEEP)

@@ -172,24 +172,20 @@ def fixed_and_proven(
     except LoweringUnavailable as error:
         if not falls_back:
             raise
-        return _copied_unproven(subject, policy, str(error), choices)
+        # Where the target's lowering cannot run here: every tensor output copied, and none claimed proven.
+        why = str(error)
+        fixed, changed = transformed(subject, policy, choices=choices, unavailable=why)
+        returned = _returned(fixed, subject)
+        tensors = tuple(
+            index for index, node in enumerate(returned) if isinstance(getattr(node, "meta", {}).get("val"), torch.Tensor)
+        )
+        proof = _proof(subject, returned, 0, 0.0, [], getattr(subject.backend, "name", None), tensors, why)
+        logger.warning(
+            "strideguard: outputs %s are copied but not proven in their layout: %s", ", ".join(proof.named(tensors)), why
+        )
+        fixed.graph_module.meta[PROOF_KEY] = proof
+        return fixed, changed, proof
     fixed, proof = prove_layouts(fixed, subject, fixed_as or as_compiled, keeps_kernel_memory=keeps_kernel_memory)
-    return fixed, changed, proof
-
-
-def _copied_unproven(subject: Subject, policy: ConversionPolicy, why: str, choices: Choices):
-    """Where the target's lowering cannot run here: every tensor output copied, and none claimed proven."""
-    fixed, changed = transformed(subject, policy, choices=choices, unavailable=why)
-    returned = _returned(fixed, subject)
-    tensors = tuple(
-        index for index, node in enumerate(returned) if isinstance(getattr(node, "meta", {}).get("val"), torch.Tensor)
-    )
-    backend = getattr(subject.backend, "name", None)
-    proof = _proof(subject, returned, 0, 0.0, [], backend, tensors, why)
-    logger.warning(
-        "strideguard: outputs %s are copied but not proven in their layout: %s", ", ".join(proof.named(tensors)), why
-    )
-    fixed.graph_module.meta[PROOF_KEY] = proof
     return fixed, changed, proof
 
 
@@ -229,8 +225,8 @@ def _stronger(node: torch.fx.Node):
 
 
 def _out_of_layout(program: ExportedProgram, subject: Subject, returned: list, lowering: Lowering) -> list[tuple[int, LoweredOutput, tuple]]:
-    requested = requested_layouts(program.graph, program.graph_signature)
-    orders = target_orders_of(program.graph, program.graph_signature, subject.dialect, requested)
+    requested = requested_layouts(program.graph, subject.outputs)
+    orders = target_orders_of(program.graph, subject.outputs, subject.dialect, requested)
     if len(lowering.outputs) != len(orders):
         raise RuntimeError(
             f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(orders)} user outputs"

@@ -12,25 +12,22 @@ as several outputs.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
-from torch.export.graph_signature import ExportGraphSignature
 
-from ...program.exported import output_values, user_outputs
+from ...program.exported import output_values, UserOutput
 from ...program.promises import KEEP, LAYOUT_TAG
 
 
-def record_requested_layouts(
-    graph: torch.fx.Graph, signature: ExportGraphSignature, requested: Mapping[int, Any]
-) -> int:
-    """Tag each returned node with the layouts asked of the user outputs it is returned as; returns how many
-    nodes' tags changed."""
+def record_requested_layouts(graph: torch.fx.Graph, outputs: Sequence[UserOutput], requested: Mapping[int, Any]) -> int:
+    """Tag each node ``graph`` returns with the layouts asked of the user ``outputs`` it is returned as; returns
+    how many nodes' tags changed."""
     if not requested:
         return 0
     returned = output_values(graph)
     tags: dict[torch.fx.Node, dict[str, Any]] = {}
-    for out in user_outputs(signature):
+    for out in outputs:
         wanted = requested.get(out.index)
         node = returned[out.position]
         if wanted is None or not isinstance(node, torch.fx.Node):

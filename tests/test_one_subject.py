@@ -1,0 +1,120 @@
+"""One subject, one path: what a call was handed is read once, and a mode with a lowering runs one path.
+
+Each public entry point builds one ``Subject`` (``strideguard.decide.subject``)
+and every stage reads it. These tests count, with ``sys.setprofile``, how often
+the questions the subject answers are asked of the program during one call:
+its dialect, its output names, its target device, its backend, the layouts
+asked. Each is asked once, at the entry, whatever the mode; before the
+subject, one graph-only ``densify_outputs`` asked ``dialect_of`` 5 times.
+A graph's ops are normalised once per plan (``GraphOps``), not per question.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from contextlib import contextmanager
+
+import pytest
+import torch
+from torch import nn
+
+import strideguard
+from strideguard.compiler.backends import resolve_backend
+from strideguard.compiler.targets import target_for
+from strideguard.decide.subject import Subject, subject_of
+from strideguard.decide.user_layouts import resolve_layouts
+from strideguard.examples import export_robot_policy
+from strideguard.program.dialect import aten_op, dialect_of, graph_ops
+from strideguard.program.naming import output_names
+
+ASKED_ONCE = {function.__code__: function.__name__ for function in (
+    dialect_of, output_names, target_for, resolve_backend, resolve_layouts,
+)}
+
+
+@contextmanager
+def counting(codes):
+    """Counts the calls of each code object in ``codes`` while the block runs."""
+    calls: Counter = Counter()
+
+    def profile(frame, event, _arg):
+        if event == "call" and frame.f_code in codes:
+            calls[codes[frame.f_code]] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(8, 16)
+
+    def forward(self, x):
+        hidden = self.trunk(x)
+        return {"first": hidden[:, :3], "rest": hidden[:, 3:].relu()}
+
+
+@pytest.fixture(scope="module")
+def two_heads():
+    return torch.export.export(TwoHeads().eval(), (torch.randn(4, 8),))
+
+
+@pytest.mark.parametrize("call", ["inspect", "densify_outputs", "densify_outputs with layouts", "prepare_for_aoti"])
+def test_each_question_the_subject_answers_is_asked_once_per_call(two_heads, call):
+    entry = {
+        "inspect": lambda: strideguard.inspect(two_heads),
+        "densify_outputs": lambda: strideguard.densify_outputs(two_heads, pushdown=True),
+        "densify_outputs with layouts": lambda: strideguard.densify_outputs(two_heads, layouts={"rest": "keep"}),
+        "prepare_for_aoti": lambda: strideguard.prepare_for_aoti(two_heads),
+    }[call]
+    with counting(ASKED_ONCE) as calls:
+        entry()
+    assert calls == {name: 1 for name in ASKED_ONCE.values()}, dict(calls)
+
+
+@pytest.mark.lowers
+def test_with_a_lowering_the_subject_is_still_read_once():
+    """The closed loop lowers the program and the fixed one again: neither lowering asks for the names, the
+    target, the backend or the layouts (the lowering's own argument check asks for the dialect)."""
+    program = export_robot_policy()
+    asked = {code: name for code, name in ASKED_ONCE.items() if name != "dialect_of"}
+    with counting(asked) as calls:
+        fixed = strideguard.densify_outputs(program, exact=True)
+    assert calls == {name: 1 for name in asked.values()}, dict(calls)
+    assert fixed.graph_module.meta["strideguard_proof"].names == subject_of(program, "test").names
+
+
+def test_a_subject_is_frozen_and_names_the_outputs_in_the_users_words(two_heads):
+    subject = subject_of(two_heads, "densify_outputs", layouts={"first": "keep"})
+    assert subject.names == ("first", "rest")
+    assert [out.index for out in subject.outputs] == [0, 1]
+    assert subject.layouts == {0: "keep"} and str(subject.target) == "cpu" and subject.backend is None
+    with pytest.raises(AttributeError):
+        subject.names = ()  # type: ignore[misc]
+    bare = Subject.of_graph(two_heads.graph, two_heads.graph_signature, "t")
+    assert bare.names == ("[0]", "[1]") and bare.program is None and bare.dialect == subject.dialect
+
+
+def test_a_subjects_errors_name_the_entry_point(two_heads):
+    with pytest.raises(ValueError, match=r"strideguard\.prepare_for_aoti: layouts\['nope'\]: no output is named 'nope'"):
+        subject_of(two_heads, "prepare_for_aoti", layouts={"nope": "keep"})
+    with pytest.raises(TypeError, match=r"strideguard\.densify_outputs"):
+        subject_of("not a program", "densify_outputs")
+
+
+def test_a_graphs_ops_are_normalised_once_and_agree_with_each_question():
+    from strideguard.testing.executorch_cpu import aoti_edge_program
+
+    pytest.importorskip("executorch")
+    edge = aoti_edge_program(torch.export.export(TwoHeads().eval(), (torch.randn(4, 8),)))
+    ops = graph_ops(edge.graph)
+    calls = [node for node in edge.graph.nodes if node.op == "call_function"]
+    assert set(ops.aten) == set(calls)
+    assert all(ops.aten[node] is aten_op(node.target) for node in calls)
+    slices = [node for node in calls if "slice_copy" in str(node.target)]
+    assert slices and all("slice" in str(ops.twin[node]) and ops.twin_aten[node] is torch.ops.aten.slice.Tensor for node in slices)
