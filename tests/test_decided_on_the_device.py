@@ -24,6 +24,7 @@ from torch import nn
 import strideguard
 from strideguard.compiler.oracle.lowering import lower_outputs
 from strideguard.compiler.oracle.padded_matmuls import laid_out_by_benchmark
+from strideguard.program.dialect import graph_ops
 from strideguard.compiler.targets import resolve_target
 from strideguard.program import density
 from strideguard.program.copies import output_copies
@@ -198,9 +199,9 @@ def test_from_the_graph_alone_a_product_the_benchmark_may_pad_is_copied_and_what
             return y, torch.tanh(y), y[:, :7]
 
     program = torch.export.export(Consumed().to(torch.bfloat16), (torch.randn(BATCH, 256, dtype=torch.bfloat16),))
-    assert set(laid_out_by_benchmark(program.graph, SM87)) == {"linear"}
-    assert laid_out_by_benchmark(program.graph, SM90) == {}  # not compute-bound on any sm90 device
-    assert laid_out_by_benchmark(program.graph, resolve_target("cpu", function="t")) == {}
+    assert set(laid_out_by_benchmark(graph_ops(program.graph), SM87)) == {"linear"}
+    assert laid_out_by_benchmark(graph_ops(program.graph), SM90) == {}  # not compute-bound on any sm90 device
+    assert laid_out_by_benchmark(graph_ops(program.graph), resolve_target("cpu", function="t")) == {}
     report = strideguard.inspect(program, device="cuda:sm87")
     reasons = [output.reason.value for output in report.outputs]
     assert reasons[0] == "benchmark-decides" and reasons[1] == "in-layout", reasons

@@ -143,16 +143,17 @@ def plan_view_conversion(
     *,
     scope: Optional[Callable[[Node], bool]] = None,
     accepts: Optional[Callable[[Any], bool]] = None,
+    ops_of_graph: Optional[GraphOps] = None,
 ) -> ViewConversion:
     """Decide, in graph order, which ``*_copy`` nodes become views under ``policy``.
 
     With ``scope`` (one partition of a graph that will be compiled on its own),
     only nodes in scope are converted and users out of scope count as outputs.
     With ``accepts`` (the program's verifier), a copy becomes a view only where
-    the verifier takes the view op.
+    the verifier takes the view op. ``ops_of_graph``: the graph's ops where the caller normalised them already.
     """
     conversion = ViewConversion(graph, policy)
-    ops_of_graph = graph_ops(graph)
+    ops_of_graph = ops_of_graph if ops_of_graph is not None else graph_ops(graph)
     if policy.backend:
         conversion.later.update(backend_conversions(graph, scope=scope))
     returned = dict.fromkeys(_returned_nodes(graph))

@@ -48,7 +48,7 @@ from .passes.push_pieces_into_producers import push_pieces_into_producers
 from .passes.record_requested_layouts import record_requested_layouts
 from .passes.view_copies_to_views import convert_views
 from ..program.copies import copied_source, copy_form_of, CopyForm, insert_copy
-from ..program.dialect import Dialect
+from ..program.dialect import Dialect, graph_ops, GraphOps
 from ..program.exported import copy_graph, copy_of_graph, rebuild, signature_following_graph, verifier_accepts
 from ..program.promises import requested_layouts, target_orders_of
 
@@ -106,6 +106,8 @@ class Grounds:
     rewrites: Optional[BackendRewrites] = None
     padded_by_benchmark: Optional[Mapping[str, str]] = None
     accepts: Optional[Callable[[Any], bool]] = None
+    ops: Optional[GraphOps] = None
+    """The graph's ops, normalised once (``program.dialect.GraphOps``), where the caller read them already."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,10 @@ def make_plan(
         working, applied = _with_pushdowns_applied(graph, dialect)
         if applied:
             graph, signature = working, signature_following_graph(signature, working)
-    conversion = plan_view_conversion(graph, policy if dialect.is_edge else NO_CONVERSION, accepts=grounds.accepts)
+    ops_of_graph = grounds.ops if grounds.ops is not None and not applied else graph_ops(graph)
+    conversion = plan_view_conversion(
+        graph, policy if dialect.is_edge else NO_CONVERSION, accepts=grounds.accepts, ops_of_graph=ops_of_graph
+    )
     recorded = requested_layouts(graph, subject.outputs)
     requested = {**recorded, **layouts}
     from_file = frozenset(index for index in recorded if index not in layouts)
@@ -330,24 +335,26 @@ def _plan(
     given; ``unavailable`` says why the target's lowering cannot run here."""
     program, dialect, target = subject.program, subject.dialect, subject.target
     accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
+    ops_of_graph = graph_ops(graph)
     if unavailable is not None:
         # The target's lowering cannot run here: every tensor output is copied in a form that holds.
-        grounds = Grounds(rewrites=BackendRewrites({}, unavailable), accepts=accepts)
+        grounds = Grounds(rewrites=BackendRewrites({}, unavailable), accepts=accepts, ops=ops_of_graph)
     elif as_compiled is None:
         # Without a lowering, the nodes the backend's own passes rewrite, and those whose layout the device's
         # kernel choice decides, are copied in a form that holds.
         known = backend_rewrites(program, subject.backend) if dialect.is_edge else None
-        by_kernel = laid_out_by_kernel(graph, target)
+        by_kernel = laid_out_by_kernel(ops_of_graph, target)
         if by_kernel:
             known = known or BackendRewrites({}, None)
             known = BackendRewrites({**by_kernel, **known.rewritten}, known.unavailable)
-        grounds = Grounds(rewrites=known, padded_by_benchmark=laid_out_by_benchmark(graph, target), accepts=accepts)
+        padded = laid_out_by_benchmark(ops_of_graph, target)
+        grounds = Grounds(rewrites=known, padded_by_benchmark=padded, accepts=accepts, ops=ops_of_graph)
     else:
         def lower_planned(planned: torch.fx.Graph) -> Lowering:
             # Planned on the graph as handed: the program itself is what will be compiled.
             return lower_as_compiled(program if planned is graph else rebuild(program, planned), subject, as_compiled)
 
-        grounds = Grounds(lower=lower_planned, accepts=accepts)
+        grounds = Grounds(lower=lower_planned, accepts=accepts, ops=ops_of_graph)
     return make_plan(graph, program.graph_signature, subject, policy, choices, grounds)
 
 

@@ -43,11 +43,7 @@ import torch
 from torch.fx import Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from .density import strides_for_order
-from .dialect import (
-    aten_op, copies_into, copy_call, Dialect, edge_copy_order, permute_call, reversed_and_back_steps, spelled_in,
-    value_call,
-)
+from .dialect import aten_op, copy_recipe, Dialect, spelled_in
 from .fake_values import call_on_fake_values, fresh_like, fresh_strided
 from .naming import node_stem
 from .promises import LAYOUT_TAG
@@ -97,13 +93,17 @@ def involution_call(dialect: Dialect, dtype: torch.dtype) -> Optional[Any]:
     types, ``bitwise_not`` for integers and bool): applied twice, the part of the copy Inductor keeps (why: the
     module's docstring). ``None`` for a dtype neither op takes.
     """
+    op = _involution(dtype)
+    return spelled_in(dialect, op) if op is not None else None
+
+
+def _involution(dtype: torch.dtype) -> Optional[Any]:
+    """``involution_call``'s op in ATen: the same in every dialect but its spelling."""
     if dtype.is_floating_point or dtype.is_complex:
         if dtype.itemsize == 1:  # float8 types have no neg kernel
             return None
-        op = torch.ops.aten.neg.default
-    else:
-        op = torch.ops.aten.bitwise_not.default
-    return spelled_in(dialect, op)
+        return torch.ops.aten.neg.default
+    return torch.ops.aten.bitwise_not.default
 
 
 def is_involution(target: Any) -> bool:
@@ -133,7 +133,7 @@ def stronger_form(current: Optional[str], value: torch.Tensor) -> Optional[CopyF
     """The form the closed loop tries where a copy in ``current`` (a ``CopyForm`` value, ``None``: no copy) of an
     output traced as ``value`` did not hold: ``KEPT``, then ``PINNED`` where it has two dimensions to reverse;
     ``None`` when nothing stronger exists."""
-    order = ([CopyForm.KEPT] if involution_call(Dialect.ATEN, value.dtype) is not None else []) + (
+    order = ([CopyForm.KEPT] if _involution(value.dtype) is not None else []) + (
         [CopyForm.PINNED] if value.dim() >= 2 else []
     )
     if current in (None, CopyForm.CLONE.value):
@@ -146,7 +146,7 @@ def stronger_form(current: Optional[str], value: torch.Tensor) -> Optional[CopyF
 def copy_form_for(source_value: Any, dialect: Dialect) -> CopyForm:
     """The form Inductor keeps for a source traced as ``source_value`` (``KEPT`` wherever its dtype has an
     involution)."""
-    if isinstance(source_value, torch.Tensor) and involution_call(dialect, source_value.dtype) is not None:
+    if isinstance(source_value, torch.Tensor) and _involution(source_value.dtype) is not None:
         return CopyForm.KEPT
     return CopyForm.CLONE
 
@@ -166,10 +166,13 @@ def _new_node(graph, after: Node, call: tuple[Any, tuple, dict], origin: Node, f
     return node
 
 
-def _give_value(node: Node, origin: Node, value: Callable[[Node], Any], dense_strides: Optional[tuple], elementwise: bool) -> None:
+def _give_value(
+    node: Node, origin: Node, value: Callable[[Node], Any], dense_strides: Optional[tuple], elementwise: bool,
+    value_call: tuple[Any, dict],
+) -> None:
     """The copy node's fake value (and ``tensor_meta`` where the graph carries those): an involution's is a
-    fresh tensor like its input's, a copy's with known dense strides a fresh one with those, any other the
-    op run on its input's value."""
+    fresh tensor like its input's, a copy's with known dense strides a fresh one with those, any other its
+    ``value_call`` (the ATen op and keyword arguments giving its value) run on its input's value."""
     after = node.args[0]
     if elementwise:
         node.meta["val"] = fresh_like(after.meta["val"])
@@ -178,7 +181,7 @@ def _give_value(node: Node, origin: Node, value: Callable[[Node], Any], dense_st
     elif dense_strides is not None:
         node.meta["val"] = fresh_strided(after.meta["val"], tuple(after.meta["val"].shape), dense_strides)
     else:
-        op, op_kwargs = value_call(node.target, node.kwargs)
+        op, op_kwargs = value_call
         node.meta["val"] = call_on_fake_values(op, node, value, op_kwargs)
     if "tensor_meta" in origin.meta and "tensor_meta" not in node.meta:
         node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
@@ -204,42 +207,17 @@ def insert_copy(
     output the copy is returned as, names the nodes after it (``actions_copy``, ..., ``actions_dense``),
     never after their ops."""
     form = form or copy_form_for(source.meta.get("val"), dialect)  # a view has its copy's dtype: no recomputation
-    involution = involution_call(dialect, source.meta["val"].dtype) if form is CopyForm.KEPT else None
-    dense = [(involution, (), {})] * (2 if involution is not None else 0)
     shape = tuple(source.meta["val"].shape)
-    if dialect.is_edge and not copies_into(dialect, dim_order):
-        same_bytes = edge_copy_order(dialect, shape, dim_order)
-        if same_bytes is None:
-            raise ValueError(
-                f"strideguard: {serves or source.name} promises dim order {list(dim_order)}, and an Edge program's "
-                "copy ops write only contiguous and channels-last orders"
-            )
-        dim_order = same_bytes
-    detour = reversed_and_back_steps(dialect, len(shape)) if form is CopyForm.PINNED else []
-
-    def copy_steps(order: tuple[int, ...]) -> tuple[Any, list]:
-        target, kwargs = copy_call(dialect, order)
-        return target, detour + [(target, (), kwargs)] + dense
-
-    if copies_into(dialect, dim_order):
-        target, copying = copy_steps(dim_order)
-        copied_strides = strides_for_order(shape, dim_order)
-        steps = copying
-    else:
-        # An ATen program has no op copying into an order without a memory format: lay the permuted source out
-        # contiguously, then permute back, a view of that fresh buffer with exactly the strides of ``dim_order``.
-        inverse = [list(dim_order).index(dim) for dim in range(len(dim_order))]
-        target, copying = copy_steps(tuple(range(len(dim_order))))
-        permute = permute_call(dialect)
-        steps = [(permute, (list(dim_order),), {})] + copying + [(permute, (inverse,), {})]
-        permuted = tuple(shape[dim] for dim in dim_order)
-        copied_strides = strides_for_order(permuted, tuple(range(len(dim_order))))
+    involution = _involution(source.meta["val"].dtype) if form is CopyForm.KEPT else None
+    recipe = copy_recipe(
+        dialect, shape, dim_order, involution=involution, pinned=form is CopyForm.PINNED, serves=serves or source.name
+    )
     stem = node_stem(serves) if serves is not None else None
     last = source
-    for step, (op, args, op_kwargs) in enumerate(steps):
-        name = None if stem is None else f"{stem}_dense" if step == len(steps) - 1 else f"{stem}_copy"
+    for step, ((op, args, op_kwargs), value_call) in enumerate(zip(recipe.steps, recipe.value_calls)):
+        name = None if stem is None else f"{stem}_dense" if step == len(recipe.steps) - 1 else f"{stem}_copy"
         # the copy's and the involutions' values are fresh dense tensors whose strides are known: no dispatch
         last = _new_node(graph, last, (op, (last, *args), op_kwargs), source, form, name)
-        dense_strides = copied_strides if op is target and _has_elements(shape) else None
-        _give_value(last, source, value, dense_strides, elementwise=op is involution)
+        dense_strides = recipe.strides if op is recipe.copy and _has_elements(shape) else None
+        _give_value(last, source, value, dense_strides, op is recipe.involution, value_call)
     return last

@@ -84,10 +84,13 @@ _remembered_aten_op = lru_cache(maxsize=None)(_unwrapped)
 @dataclass(frozen=True)
 class GraphOps:
     """Each ``call_function`` node's op as the decisions read it, normalised once per graph rather than once
-    per question: its ATen op (an Edge op unwrapped), its view twin in its own dialect (``None`` where it has
-    none) and that twin's ATen op. Read before the graph changes: a node added later is not in it."""
+    per question: its ATen op (an Edge op unwrapped), all its overloads together (``packet``, what
+    ``program.ops``' families hold; ``None`` for a higher-order operator or ``getitem``), its view twin in its
+    own dialect (``None`` where it has none) and that twin's ATen op. Read before the graph changes: a node
+    added later is not in it."""
 
     aten: Mapping[torch.fx.Node, Any]
+    packet: Mapping[torch.fx.Node, Any]
     twin: Mapping[torch.fx.Node, Any]
     twin_aten: Mapping[torch.fx.Node, Any]
 
@@ -98,13 +101,15 @@ class GraphOps:
 
 def graph_ops(graph: torch.fx.Graph) -> GraphOps:
     """``graph``'s ops, normalised once (``GraphOps``)."""
-    aten, twin, twin_aten = {}, {}, {}
+    aten, packet, twin, twin_aten = {}, {}, {}, {}
     for node in graph.nodes:
         if node.op == "call_function":
-            aten[node] = aten_op(node.target)
-            twin[node] = view_twin(node.target) if isinstance(aten[node], torch._ops.OpOverload) else None
+            op = aten[node] = aten_op(node.target)
+            overload = isinstance(op, torch._ops.OpOverload)
+            packet[node] = op.overloadpacket if overload else None
+            twin[node] = view_twin(node.target) if overload else None
             twin_aten[node] = aten_op(twin[node]) if twin[node] is not None else None
-    return GraphOps(aten, twin, twin_aten)
+    return GraphOps(aten, packet, twin, twin_aten)
 
 
 def _edge_ops():
@@ -221,6 +226,56 @@ def reversed_and_back_steps(dialect: Dialect, ndim: int) -> list[tuple[Any, tupl
     permute = torch.ops.aten.permute.default
     return [(permute, (dims,), {}), (torch.ops.aten.clone.default, (), {"memory_format": torch.contiguous_format}),
             (permute, (dims,), {})]
+
+
+@dataclass(frozen=True)
+class CopyRecipe:
+    """The calls that copy a tensor into a dim order in one dialect, in order: each a target, its arguments
+    after the input and its keyword arguments, with the ATen call that gives its value (``value_call``)."""
+
+    steps: tuple[tuple[Any, tuple, dict], ...]
+    value_calls: tuple[tuple[Any, dict], ...]
+    copy: Any
+    """The target of the step that writes the dense copy."""
+    strides: tuple
+    """The strides that step's result has (dense in the order it copies into)."""
+    involution: Optional[Any]
+    """The involution's target as ``dialect`` spells it, where the copy applies one twice."""
+
+
+def copy_recipe(
+    dialect: Dialect, shape: tuple, dim_order: tuple[int, ...], *, involution: Optional[Any], pinned: bool, serves: str
+) -> CopyRecipe:
+    """How ``dialect`` copies a tensor of ``shape`` into ``dim_order``: the verifier's own copy op, after the
+    reversed-and-back detour where ``pinned``, then ``involution`` (an ATen op) twice where given; an ATen
+    program copies into an order with no memory format through a permutation and back, an Edge program into
+    the memory-format order laying out the same bytes (``edge_copy_order``). ``serves`` names the output in
+    the error where an Edge program has no such order."""
+    if dialect.is_edge and not copies_into(dialect, dim_order):
+        same_bytes = edge_copy_order(dialect, shape, dim_order)
+        if same_bytes is None:
+            raise ValueError(
+                f"strideguard: {serves} promises dim order {list(dim_order)}, and an Edge program's "
+                "copy ops write only contiguous and channels-last orders"
+            )
+        dim_order = same_bytes
+    detour = reversed_and_back_steps(dialect, len(shape)) if pinned else []
+    spelled = spelled_in(dialect, involution) if involution is not None else None
+    dense = [(spelled, (), {})] * 2 if spelled is not None else []
+    if copies_into(dialect, dim_order):
+        target, kwargs = copy_call(dialect, dim_order)
+        steps = detour + [(target, (), kwargs)] + dense
+        strides = density.strides_for_order(shape, dim_order)
+    else:
+        # ATen has no op copying into an order without a memory format: lay the permuted source out
+        # contiguously, then permute back, a view of that fresh buffer with exactly the strides of ``dim_order``.
+        inverse = [list(dim_order).index(dim) for dim in range(len(dim_order))]
+        target, kwargs = copy_call(dialect, tuple(range(len(dim_order))))
+        permute = permute_call(dialect)
+        steps = [(permute, (list(dim_order),), {})] + detour + [(target, (), kwargs)] + dense + [(permute, (inverse,), {})]
+        strides = density.strides_for_order(tuple(shape[dim] for dim in dim_order), tuple(range(len(dim_order))))
+    value_calls = tuple(value_call(op, op_kwargs) for op, _, op_kwargs in steps)
+    return CopyRecipe(tuple(steps), value_calls, target, strides, spelled)
 
 
 def narrow_call(dialect: Dialect) -> Any:

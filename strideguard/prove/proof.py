@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch.export import ExportedProgram
@@ -33,7 +33,7 @@ from ..decide.subject import Subject
 from ..decide.view_conversion import ConversionPolicy
 from ..fix.engine import AsCompiled, Choices, lower_as_compiled, transformed, with_stronger_copies
 from ..program import density
-from ..program.copies import copy_form_of, stronger_form
+from ..program.copies import copy_form_of, CopyForm, stronger_form
 from ..program.exported import output_values
 from ..program.naming import source_line
 from ..program.promises import KEEP, requested_layouts, target_orders_of
@@ -106,6 +106,52 @@ PROOF_KEY = "strideguard_proof"
 """``graph_module.meta`` key under which a proven program carries its ``Proof``."""
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One user output of a fixed program, judged against one lowering of it: read once per round, so that the
+    proof, the repair and the refusal all read the same answer."""
+
+    index: int
+    node: Any
+    """What the fixed program returns for it (a node, or a constant)."""
+    order: Optional[tuple[int, ...]]
+    """Its target dim order (``None``: not a tensor)."""
+    lowered: Optional[LoweredOutput]
+    out_of_layout: bool
+    copy_form: Optional[str]
+    """The form of strideguard's copy it is (``program.copies.copy_form_of``), if it is one."""
+    stronger: Optional[CopyForm]
+    """The copy form to try next where it is out of layout (``None``: none stronger, or in layout)."""
+    source_line: Optional[str]
+
+    @property
+    def is_tensor(self) -> bool:
+        return isinstance(getattr(self.node, "meta", {}).get("val"), torch.Tensor)
+
+
+def judged_outputs(fixed: ExportedProgram, subject: Subject, lowering: Optional[Lowering]) -> list[Judged]:
+    """Every user output of ``fixed`` (the subject's program, fixed) against ``lowering`` (``None``: none ran)."""
+    values = output_values(fixed.graph)
+    returned = [values[out.position] for out in subject.outputs]
+    requested = requested_layouts(fixed.graph, subject.outputs)
+    orders = target_orders_of(fixed.graph, subject.outputs, subject.dialect, requested)
+    lowered_outputs = lowering.outputs if lowering is not None else (None,) * len(orders)
+    if len(lowered_outputs) != len(orders):
+        raise RuntimeError(
+            f"strideguard: Inductor's lowering returned {len(lowered_outputs)} outputs for {len(orders)} user outputs"
+        )
+    judged = []
+    for index, (node, order, lowered) in enumerate(zip(returned, orders, lowered_outputs)):
+        checked = order is not None and lowered is not None and requested.get(index) != KEEP
+        wrong = checked and any(
+            density.has_layout(lowered.shape, strides, order) is not True for strides in lowered.every_strides
+        )
+        form = copy_form_of(node)
+        stronger = stronger_form(form, node.meta["val"]) if wrong else None
+        judged.append(Judged(index, node, order, lowered, wrong, form, stronger, source_line(node)))
+    return judged
+
+
 def prove_layouts(
     fixed: ExportedProgram,
     subject: Subject,
@@ -126,28 +172,22 @@ def prove_layouts(
     for round_number in range(1, max_rounds + 1):
         lowering = lower_as_compiled(fixed, subject, as_compiled)
         lowered_seconds += lowering.seconds
-        returned = _returned(fixed, subject)
-        wrong = _out_of_layout(fixed, subject, returned, lowering)
+        judged = judged_outputs(fixed, subject, lowering)
+        wrong = [output for output in judged if output.out_of_layout]
         if not wrong:
             unproven, why = _unproven(lowering, keeps_kernel_memory)
-            proof = _proof(subject, returned, round_number, lowered_seconds, strengthened, lowering.backend, unproven, why)
+            proof = _proof(subject, judged, round_number, lowered_seconds, strengthened, lowering.backend, unproven, why)
             if unproven:
                 logger.warning(
                     "strideguard: outputs %s are not proven in their layout: %s", ", ".join(proof.named(unproven)), why
                 )
             fixed.graph_module.meta[PROOF_KEY] = proof
             return fixed, proof
-        stronger = {index: _stronger(returned[index]) for index, _, _ in wrong}
-        unreachable = [
-            _unreached(subject, returned[index], index, lowered, order, lowering)
-            for index, lowered, order in wrong if stronger[index] is None
-        ]
+        unreachable = [_unreached(subject, output, lowering) for output in wrong if output.stronger is None]
         if unreachable or round_number == max_rounds:
-            raise LayoutNotReached(tuple(unreachable) or tuple(
-                _unreached(subject, returned[index], index, lowered, order, lowering) for index, lowered, order in wrong
-            ))
-        fixed = with_stronger_copies(fixed, subject, stronger)
-        strengthened += [index for index, _, _ in wrong if index not in strengthened]
+            raise LayoutNotReached(tuple(unreachable) or tuple(_unreached(subject, output, lowering) for output in wrong))
+        fixed = with_stronger_copies(fixed, subject, {output.index: output.stronger for output in wrong})
+        strengthened += [output.index for output in wrong if output.index not in strengthened]
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -175,11 +215,9 @@ def fixed_and_proven(
         # Where the target's lowering cannot run here: every tensor output copied, and none claimed proven.
         why = str(error)
         fixed, changed = transformed(subject, policy, choices=choices, unavailable=why)
-        returned = _returned(fixed, subject)
-        tensors = tuple(
-            index for index, node in enumerate(returned) if isinstance(getattr(node, "meta", {}).get("val"), torch.Tensor)
-        )
-        proof = _proof(subject, returned, 0, 0.0, [], getattr(subject.backend, "name", None), tensors, why)
+        judged = judged_outputs(fixed, subject, None)
+        tensors = tuple(output.index for output in judged if output.is_tensor)
+        proof = _proof(subject, judged, 0, 0.0, [], getattr(subject.backend, "name", None), tensors, why)
         logger.warning(
             "strideguard: outputs %s are copied but not proven in their layout: %s", ", ".join(proof.named(tensors)), why
         )
@@ -189,17 +227,11 @@ def fixed_and_proven(
     return fixed, changed, proof
 
 
-def _returned(program: ExportedProgram, subject: Subject) -> list:
-    """The nodes ``program`` (the subject's, fixed) returns as user outputs, by index."""
-    values = output_values(program.graph)
-    return [values[out.position] for out in subject.outputs]
-
-
-def _proof(subject, returned, rounds, seconds, strengthened, backend, unproven, why) -> Proof:
+def _proof(subject: Subject, judged: list[Judged], rounds, seconds, strengthened, backend, unproven, why) -> Proof:
     return Proof(
         rounds, seconds, tuple(strengthened), backend, tuple(unproven), str(subject.target), why, subject.names,
-        tuple(index for index, node in enumerate(returned) if copy_form_of(node) is not None),
-        tuple(source_line(node) for node in returned),
+        tuple(output.index for output in judged if output.copy_form is not None),
+        tuple(output.source_line for output in judged),
     )
 
 
@@ -219,37 +251,16 @@ def _unproven(lowering: Lowering, keeps_kernel_memory: bool) -> tuple[tuple[int,
     )
 
 
-def _stronger(node: torch.fx.Node):
-    """The copy form to try next for the user output ``node`` (``None``: its copy is the strongest there is)."""
-    return stronger_form(copy_form_of(node), node.meta["val"])
-
-
-def _out_of_layout(program: ExportedProgram, subject: Subject, returned: list, lowering: Lowering) -> list[tuple[int, LoweredOutput, tuple]]:
-    requested = requested_layouts(program.graph, subject.outputs)
-    orders = target_orders_of(program.graph, subject.outputs, subject.dialect, requested)
-    if len(lowering.outputs) != len(orders):
-        raise RuntimeError(
-            f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(orders)} user outputs"
-        )
-    wrong = []
-    for index, (order, lowered) in enumerate(zip(orders, lowering.outputs)):
-        if order is None or lowered is None or requested.get(index) == KEEP:
-            continue
-        if any(density.has_layout(lowered.shape, strides, order) is not True for strides in lowered.every_strides):
-            wrong.append((index, lowered, order))
-    return wrong
-
-
-def _unreached(
-    subject: Subject, node: torch.fx.Node, index: int, lowered: LoweredOutput, order: tuple, lowering: Lowering
-) -> Unreached:
-    if copy_form_of(node) is not None and stronger_form(copy_form_of(node), node.meta["val"]) is None:
+def _unreached(subject: Subject, output: Judged, lowering: Lowering) -> Unreached:
+    if output.copy_form is not None and output.stronger is None:
         by = f"{lowering.backend}'s own passes or Inductor" if lowering.backend else "Inductor"
         cause = f"{by} re-lay it after strideguard's strongest copy"
-    elif copy_form_of(node) is not None:
+    elif output.copy_form is not None:
         cause = "strideguard's copy did not hold"
     else:
         cause = "it is not copied"
     if lowering.unavailable:
         cause += f" ({lowering.unavailable})"
-    return Unreached(index, subject.names[index], tuple(lowered.strides), tuple(order), cause)
+    return Unreached(
+        output.index, subject.names[output.index], tuple(output.lowered.strides), tuple(output.order), cause
+    )

@@ -41,7 +41,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true
 
-from ...program.dialect import aten_op
+from ...program.dialect import aten_op, GraphOps
 from .fake_device import sdp_priority_order
 from ..targets import Target
 
@@ -84,12 +84,15 @@ def choices(graph: torch.fx.Graph, target: Target) -> list[KernelChoice]:
     return [_choice(node, target) for node in graph.nodes if _is_sdpa(node)]
 
 
-def laid_out_by_kernel(graph: torch.fx.Graph, target: Target) -> dict[str, str]:
+def laid_out_by_kernel(ops_of_graph: GraphOps, target: Target) -> dict[str, str]:
     """SDPA nodes whose output layout the device's kernel choice decides, by name, with what decides it:
-    for the graph alone (no lowering), every one on CUDA."""
+    for the graph alone (no lowering; ``ops_of_graph``, its ops), every one on CUDA."""
     if target.kind != "cuda":
         return {}
-    return {node.name: f"the attention kernel CUDA picks ({target.sm})" for node in graph.nodes if _is_sdpa(node)}
+    return {
+        node.name: f"the attention kernel CUDA picks ({target.sm})"
+        for node, op in ops_of_graph.aten.items() if op is aten.scaled_dot_product_attention.default
+    }
 
 
 def scenarios(found: list[KernelChoice]) -> list[dict[str, str]]:

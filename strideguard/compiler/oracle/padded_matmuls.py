@@ -53,6 +53,8 @@ from typing import Iterator, Optional
 
 import torch
 
+from ...program.dialect import GraphOps
+from ...program.ops import GEMMS
 from ..targets import Target
 
 @dataclass(frozen=True)
@@ -74,24 +76,23 @@ def described(decisions: list[PadDecision]) -> str:
     return f"pad_mm pads {shown} where the device's benchmark says the padded kernel is faster"
 
 
-def laid_out_by_benchmark(graph: torch.fx.Graph, target: Target) -> dict[str, str]:
+def laid_out_by_benchmark(ops_of_graph: GraphOps, target: Target) -> dict[str, str]:
     """Matrix products of ``graph`` whose output layout the device's benchmark may decide when it compiles for
     ``target``, by node name, with why: for the graph alone (no lowering). A product may be padded where its N
     (or a batched product's M: the dimensions whose padding leaves a slice with other strides) is static and
     not a multiple of the alignment, and Inductor's own compute-bound test, asked with the figures a lowering
-    assumes (``benchmark_answers``), does not rule it out."""
+    assumes (``benchmark_answers``), does not rule it out. ``ops_of_graph``: the graph's ops, normalised."""
     if target.kind != "cuda":
         return {}
     from torch._inductor import config
 
-    from ...program import ops
     from .fake_device import pad_alignment
 
     if not config.shape_padding or outputs_held_to_traced_strides():
         return {}
     decided = {}
-    for node in graph.nodes:
-        if node.op != "call_function" or not ops.in_family(node.target, ops.GEMMS):
+    for node, packet in ops_of_graph.packet.items():
+        if packet not in GEMMS:
             continue
         sizes = _product_sizes(node)
         if sizes is None:
