@@ -8,7 +8,10 @@ call of ``densify_outputs`` on the quick start's robot policy with
 ``sys.setprofile`` and counts, for every Python call from one strideguard
 module into another: the calls, the module pairs, the calls that climb (an
 earlier stage calling into a later one), the calls into ``program.dialect``,
-and the modules entered. ``--stage-map`` reads a module-to-stage map for an
+and the modules entered. It also follows which strideguard module is running
+(the innermost strideguard frame, on every call and return): each unbroken
+run of one module is a stay, and a stay in a module the call had already
+left is a return to it. ``--stage-map`` reads a module-to-stage map for an
 older tree whose modules sat side by side; ``--source`` puts that tree first on
 the path. Prints a table and writes ``--out`` as JSON.
 """
@@ -40,12 +43,30 @@ def trace(stage_map: dict[str, str]) -> dict:
 
     program = export_robot_policy()
     calls: Counter = Counter()
+    stays: list[str] = []
+
+    def running(frame) -> str:
+        """The innermost strideguard module on the stack at ``frame``."""
+        while frame is not None:
+            name = frame.f_globals.get("__name__", "")
+            if name.startswith("strideguard."):
+                return name
+            frame = frame.f_back
+        return ""
 
     def profile(frame, event, _arg):
+        if event in ("return", "c_return", "c_exception"):
+            module = running(frame.f_back if event == "return" else frame)
+            if module and (not stays or stays[-1] != module):
+                stays.append(module)
+            return
         if event != "call":
             return
         callee = frame.f_globals.get("__name__", "")
         caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back is not None else ""
+        module = running(frame)
+        if module and (not stays or stays[-1] != module):
+            stays.append(module)
         if callee.startswith("strideguard.") and caller.startswith("strideguard.") and callee != caller:
             calls[(caller, callee)] += 1
 
@@ -62,6 +83,9 @@ def trace(stage_map: dict[str, str]) -> dict:
     }
     entered = {callee for _, callee in calls} | {caller for caller, _ in calls}
     return {
+        "stays": len(stays),
+        "returns_to_a_module_left": len(stays) - len(set(stays)),
+        "stays_by_module": dict(Counter(stays).most_common()),
         "calls_between_modules": sum(calls.values()),
         "module_pairs": len(calls),
         "modules_entered": len(entered),
@@ -81,7 +105,9 @@ def main() -> int:
     sys.path.insert(0, str(args.source.resolve()))
     stage_map = json.loads(args.stage_map.read_text()) if args.stage_map else {}
     result = trace(stage_map)
-    for key in ("calls_between_modules", "module_pairs", "modules_entered", "calls_that_climb", "calls_into_dialect"):
+    keys = ("stays", "returns_to_a_module_left", "calls_between_modules", "module_pairs", "modules_entered",
+            "calls_that_climb", "calls_into_dialect")
+    for key in keys:
         print(f"{key.replace('_', ' '):>22}: {result[key]}")
     for pair, count in result["climbing"].items():
         print(f"{'climbs':>22}: {pair} ({count})")

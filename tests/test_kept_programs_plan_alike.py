@@ -26,6 +26,7 @@ import torch
 from strideguard.compiler.predictor import relayout
 from strideguard.program.ops import is_view_op
 from strideguard.program.exported import _keeping_names, copy_of_graph
+from strideguard.program.dialect import graph_ops
 from strideguard.decide.view_conversion import NO_CONVERSION, STRIDEGUARD, plan_view_conversion
 
 from . import generated
@@ -73,7 +74,7 @@ def _relaid_in_one_pass(graph: torch.fx.Graph, conversion) -> set:
 def test_relaid_nodes_asked_in_any_order_give_what_one_pass_over_the_graph_gives(kept_programs):
     for name, program in kept_programs:
         graph = program.graph
-        conversion = plan_view_conversion(graph, STRIDEGUARD if "Edge" in name else NO_CONVERSION)
+        conversion = plan_view_conversion(graph, graph_ops(graph), STRIDEGUARD if "Edge" in name else NO_CONVERSION)
         expected = _relaid_in_one_pass(graph, conversion)
         assert expected, f"{name}: nothing re-laid, so the comparison proves nothing"
         nodes = list(graph.nodes)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from strideguard.decide.facts import analyze_outputs
-from strideguard.program.dialect import Dialect, dialect_of
+from strideguard.program.dialect import Dialect, dialect_of, graph_ops
 from strideguard.fix.passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
 from strideguard.program.copies import CopyForm, copy_form_for
 from strideguard.fix.passes.insert_output_copies import insert_output_copies
@@ -82,7 +82,7 @@ def test_convert_views_retargets_the_planned_view_copies_and_replays_their_value
     x = torch.randn(3, 4)
     edge = aoti_edge_program(torch.export.export(PieceAndDetach(), (x,)), skip_dim_order=False)
     graph = copy_graph(edge)
-    conversion = plan_view_conversion(graph, STRIDEGUARD)
+    conversion = plan_view_conversion(graph, graph_ops(graph), STRIDEGUARD)
     planned = dict(conversion.targets)
     assert planned, "no view copy planned"
     copies_before = {node.name: node.target for node in planned}

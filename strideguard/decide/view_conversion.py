@@ -139,21 +139,21 @@ class ViewConversion:
 
 def plan_view_conversion(
     graph: torch.fx.Graph,
+    ops_of_graph: GraphOps,
     policy: ConversionPolicy,
     *,
     scope: Optional[Callable[[Node], bool]] = None,
     accepts: Optional[Callable[[Any], bool]] = None,
-    ops_of_graph: Optional[GraphOps] = None,
 ) -> ViewConversion:
-    """Decide, in graph order, which ``*_copy`` nodes become views under ``policy``.
+    """Decide, in graph order, which ``*_copy`` nodes become views under ``policy`` (``ops_of_graph``: the
+    graph's ops, normalised once, ``program.dialect.graph_ops``).
 
     With ``scope`` (one partition of a graph that will be compiled on its own),
     only nodes in scope are converted and users out of scope count as outputs.
     With ``accepts`` (the program's verifier), a copy becomes a view only where
-    the verifier takes the view op. ``ops_of_graph``: the graph's ops where the caller normalised them already.
+    the verifier takes the view op.
     """
     conversion = ViewConversion(graph, policy)
-    ops_of_graph = ops_of_graph if ops_of_graph is not None else graph_ops(graph)
     if policy.backend:
         conversion.later.update(backend_conversions(graph, scope=scope))
     returned = dict.fromkeys(_returned_nodes(graph))
@@ -221,7 +221,7 @@ def view_copies_left_out_of_layout(
 ) -> list[tuple[Node, ...]]:
     """Each view copy ``policy`` converts within ``scope`` (one partition) whose view, with its
     ``getitem``s, would come back out of the layout its node promises: the node first, its chunks after."""
-    conversion = plan_view_conversion(graph, policy, scope=scope)
+    conversion = plan_view_conversion(graph, graph_ops(graph), policy, scope=scope)
     found = []
     for node in [*conversion.targets, *conversion.later]:
         group = (node, *[user for user in node.users if user.target is operator.getitem])

@@ -162,9 +162,8 @@ def make_plan(
         if applied:
             graph, signature = working, signature_following_graph(signature, working)
     ops_of_graph = grounds.ops if grounds.ops is not None and not applied else graph_ops(graph)
-    conversion = plan_view_conversion(
-        graph, policy if dialect.is_edge else NO_CONVERSION, accepts=grounds.accepts, ops_of_graph=ops_of_graph
-    )
+    converting = policy if dialect.is_edge else NO_CONVERSION
+    conversion = plan_view_conversion(graph, ops_of_graph, converting, accepts=grounds.accepts)
     recorded = requested_layouts(graph, subject.outputs)
     requested = {**recorded, **layouts}
     from_file = frozenset(index for index in recorded if index not in layouts)
@@ -299,7 +298,7 @@ def _lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: 
     accepts = verifier_accepts(program) if policy.careful else None
 
     def convert_then_executorch(graph_module):
-        convert_views(plan_view_conversion(graph_module.graph, policy, accepts=accepts))
+        convert_views(plan_view_conversion(graph_module.graph, graph_ops(graph_module.graph), policy, accepts=accepts))
         executorch_view_pass()(graph_module)
 
     return lower_edge_outputs(program, convert_views=convert_then_executorch, backend=backend, target=target)
