@@ -11,7 +11,8 @@ earlier stage calling into a later one), the calls into ``program.dialect``,
 and the modules entered. It also follows which strideguard module is running
 (the innermost strideguard frame, on every call and return): each unbroken
 run of one module is a stay, and a stay in a module the call had already
-left is a return to it. ``--stage-map`` reads a module-to-stage map for an
+left is a return to it. Beside the trace, the longest parameter lists in the
+tree, read with ``ast``. ``--stage-map`` reads a module-to-stage map for an
 older tree whose modules sat side by side; ``--source`` puts that tree first on
 the path. Prints a table and writes ``--out`` as JSON.
 """
@@ -96,6 +97,23 @@ def trace(stage_map: dict[str, str]) -> dict:
     }
 
 
+def longest_parameter_lists(source: Path, shown: int = 5) -> list[tuple[int, str]]:
+    """The functions of ``source``'s ``strideguard`` with the most parameters (``self`` and ``cls`` not
+    counted), read with ``ast``: the longest first."""
+    import ast
+
+    found = []
+    for path in sorted((source / "strideguard").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args
+                names = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
+                names += [a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None]
+                count = len([name for name in names if name not in ("self", "cls")])
+                found.append((count, f"{path.relative_to(source).as_posix()}:{node.name}"))
+    return sorted(found, key=lambda item: -item[0])[:shown]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=ROOT, help="the tree whose strideguard is traced")
@@ -105,10 +123,13 @@ def main() -> int:
     sys.path.insert(0, str(args.source.resolve()))
     stage_map = json.loads(args.stage_map.read_text()) if args.stage_map else {}
     result = trace(stage_map)
+    result["longest_parameter_lists"] = longest_parameter_lists(args.source.resolve())
     keys = ("stays", "returns_to_a_module_left", "calls_between_modules", "module_pairs", "modules_entered",
             "calls_that_climb", "calls_into_dialect")
     for key in keys:
         print(f"{key.replace('_', ' '):>22}: {result[key]}")
+    for count, function in result["longest_parameter_lists"]:
+        print(f"{'parameters':>22}: {count} {function}")
     for pair, count in result["climbing"].items():
         print(f"{'climbs':>22}: {pair} ({count})")
     args.out.parent.mkdir(parents=True, exist_ok=True)

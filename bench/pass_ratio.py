@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import strideguard  # noqa: E402
-from bench.run import median_seconds_over  # noqa: E402
+from bench.run import interleaved_seconds, median_ratio  # noqa: E402
 from bench.synthetic import export_view_heavy  # noqa: E402
 
 
@@ -50,19 +50,15 @@ def main(argv=None) -> None:
     DropIn()(fresh(edge))  # the first calls import and trace once
     strideguard.prepare_for_aoti(edge)
     for _ in range(args.rounds):
-        # The three interleaved, one call each per repeat, and the ratios taken per repeat: the machine's drift
-        # between blocks of calls (a factor of 1.8 in ExecuTorch's pass alone, seen here) cancels out.
-        times = {"executorch": [], "drop_in": [], "prepare": []}
-        for _ in range(args.repeats):
-            times["executorch"].append(median_seconds_over(ExecuTorchPass(), [copy.deepcopy(edge.graph_module)]))
-            times["drop_in"].append(median_seconds_over(DropIn(), [fresh(edge)]))
-            times["prepare"].append(median_seconds_over(lambda _: strideguard.prepare_for_aoti(edge), [None]))
-        executorch = statistics.median(times["executorch"])
-        drop_in = statistics.median(d / e for d, e in zip(times["drop_in"], times["executorch"]))
-        prepare = statistics.median(p / e for p, e in zip(times["prepare"], times["executorch"]))
-        print(f"view-heavy, {nodes} Edge nodes: ExecuTorch's pass {executorch * 1e3:.1f} ms; drop-in "
-              f"{drop_in:.2f} times it, prepare_for_aoti {prepare:.2f} (medians of {args.repeats} interleaved "
-              "calls' ratios)", flush=True)
+        times = interleaved_seconds({
+            "executorch": lambda: (ExecuTorchPass(), copy.deepcopy(edge.graph_module)),
+            "drop_in": lambda: (DropIn(), fresh(edge)),
+            "prepare": lambda: (strideguard.prepare_for_aoti, edge),
+        }, args.repeats)
+        print(f"view-heavy, {nodes} Edge nodes: ExecuTorch's pass {statistics.median(times['executorch']) * 1e3:.1f} ms; "
+              f"drop-in {median_ratio(times, 'drop_in', 'executorch'):.2f} times it, prepare_for_aoti "
+              f"{median_ratio(times, 'prepare', 'executorch'):.2f} (medians of {args.repeats} interleaved calls' ratios)",
+              flush=True)
 
 if __name__ == "__main__":
     main()

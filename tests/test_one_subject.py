@@ -108,9 +108,9 @@ def test_a_subjects_errors_name_the_entry_point(two_heads):
 
 
 def test_a_graphs_ops_are_normalised_once_and_agree_with_each_question():
+    pytest.importorskip("executorch")
     from strideguard.testing.executorch_cpu import aoti_edge_program
 
-    pytest.importorskip("executorch")
     edge = aoti_edge_program(torch.export.export(TwoHeads().eval(), (torch.randn(4, 8),)))
     ops = graph_ops(edge.graph)
     calls = [node for node in edge.graph.nodes if node.op == "call_function"]

@@ -100,16 +100,24 @@ class GraphOps:
 
 
 def graph_ops(graph: torch.fx.Graph) -> GraphOps:
-    """``graph``'s ops, normalised once (``GraphOps``)."""
+    """``graph``'s ops, normalised once (``GraphOps``): worked out once per distinct target, looked up per node."""
     aten, packet, twin, twin_aten = {}, {}, {}, {}
     for node in graph.nodes:
         if node.op == "call_function":
-            op = aten[node] = aten_op(node.target)
-            overload = isinstance(op, torch._ops.OpOverload)
-            packet[node] = op.overloadpacket if overload else None
-            twin[node] = view_twin(node.target) if overload else None
-            twin_aten[node] = aten_op(twin[node]) if twin[node] is not None else None
+            try:
+                aten[node], packet[node], twin[node], twin_aten[node] = _normalised(node.target)
+            except TypeError:  # an unhashable target
+                aten[node], packet[node], twin[node], twin_aten[node] = _normalised.__wrapped__(node.target)
     return GraphOps(aten, packet, twin, twin_aten)
+
+
+@lru_cache(maxsize=None)
+def _normalised(target: Any) -> tuple[Any, Any, Any, Any]:
+    op = aten_op(target)
+    if not isinstance(op, torch._ops.OpOverload):
+        return op, None, None, None
+    twin = view_twin(target)
+    return op, op.overloadpacket, twin, aten_op(twin) if twin is not None else None
 
 
 def _edge_ops():

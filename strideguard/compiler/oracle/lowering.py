@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 import sympy
@@ -280,36 +280,53 @@ def _lower_holding(module, args, kwargs, inductor_configs, target: Target, fake_
     # benchmark, each again with it saying "pad" (``compiler.oracle.padded_matmuls``); where this build of torch could
     # not ask cuDNN a convolution's memory format, each again with cuDNN's channels-last; where Inductor put
     # an SDPA in itself whose kernel is undecided, each again with every other candidate.
-    decisions: list = []
-    convolutions: list = []
-    inserted: list = []
-    base = [
-        _lower_for(each, args, kwargs, options, target, found=decisions, convolutions=convolutions, inserted=inserted)
-        for each in chosen
-    ]
-    padded = [_lower_for(each, args, kwargs, options, target, pad=True) for each in chosen] if decisions else []
-    relaid = [_lower_for(each, args, kwargs, options, target, channels_last=True) for each in chosen] if convolutions else []
-    width = max((len(choice.candidates) for choice in inserted), default=1)
-    others = [_lower_for(chosen[0], args, kwargs, options, target, kernel=index) for index in range(1, width)]
+    asked = DeviceQuestions()
+    base = [_lower_for(each, args, kwargs, options, target, asked=asked) for each in chosen]
+    padded = [_lower_for(each, args, kwargs, options, target, DeviceAnswers(pad=True)) for each in chosen] if asked.pads else []
+    relaid = [
+        _lower_for(each, args, kwargs, options, target, DeviceAnswers(channels_last=True)) for each in chosen
+    ] if asked.convolutions else []
+    width = max((len(choice.candidates) for choice in asked.inserted), default=1)
+    others = [_lower_for(chosen[0], args, kwargs, options, target, DeviceAnswers(kernel=index)) for index in range(1, width)]
     merged = _merged(base, padded, [*relaid, *others])
     return replace(
-        merged, target=target, kernel_choices=tuple(choices) + tuple(dict.fromkeys(inserted)),
-        pad_decisions=tuple(decisions), relaid_convolutions=tuple(dict.fromkeys(convolutions)),
+        merged, target=target, kernel_choices=tuple(choices) + tuple(dict.fromkeys(asked.inserted)),
+        pad_decisions=tuple(asked.pads), relaid_convolutions=tuple(dict.fromkeys(asked.convolutions)),
     )
 
 
+@dataclass(frozen=True)
+class DeviceAnswers:
+    """How one lowering answers the choices the device makes itself: ``pad``, ``pad_mm``'s benchmark;
+    ``channels_last``, cuDNN's convolution format; ``kernel``, which candidate an SDPA Inductor inserts runs."""
+
+    pad: bool = False
+    channels_last: bool = False
+    kernel: int = 0
+
+
+@dataclass
+class DeviceQuestions:
+    """What a lowering asked of the device: the matmuls its benchmark may pad, the convolutions whose format
+    cuDNN picks, the SDPAs Inductor put in itself (each lowered again with the other answers)."""
+
+    pads: list = field(default_factory=list)
+    convolutions: list = field(default_factory=list)
+    inserted: list = field(default_factory=list)
+
+
 def _lower_for(
-    module, args, kwargs, options, target: Target, *, pad: bool = False, channels_last: bool = False, kernel: int = 0,
-    found: Optional[list] = None, convolutions: Optional[list] = None, inserted: Optional[list] = None,
+    module, args, kwargs, options, target: Target, answers: DeviceAnswers = DeviceAnswers(),
+    asked: Optional[DeviceQuestions] = None,
 ) -> Lowering:
-    """One lowering on fake tensors of ``target``, with the device's own choices answered as given: ``pad``
-    (``pad_mm``'s benchmark), ``channels_last`` (cuDNN's convolution format), ``kernel`` (which candidate an
-    SDPA Inductor inserts runs); what was asked is appended to ``found``, ``convolutions``, ``inserted``."""
+    """One lowering on fake tensors of ``target``, with the device's own choices answered as ``answers``
+    says; what was asked is added to ``asked``."""
     from . import attention_kernels, fake_device
 
-    attention = attention_kernels.inserted_kernels(target, kernel, [] if inserted is None else inserted)
-    with fake_device.lowering_for(target), fake_device.benchmark_answers(target, pad, [] if found is None else found), \
-            fake_device.convolution_formats(target, channels_last, [] if convolutions is None else convolutions), \
+    asked = asked if asked is not None else DeviceQuestions()
+    attention = attention_kernels.inserted_kernels(target, answers.kernel, asked.inserted)
+    with fake_device.lowering_for(target), fake_device.benchmark_answers(target, answers.pad, asked.pads), \
+            fake_device.convolution_formats(target, answers.channels_last, asked.convolutions), \
             fake_device.inserted_attention(target, attention):
         return _lower_once(module, args, kwargs, options)
 
