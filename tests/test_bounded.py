@@ -357,14 +357,19 @@ def test_names_from_files_and_arguments_print_as_themselves(measured_names):
 
 def test_outputs_sharing_one_memory_cost_linear_time_and_report_size():
     """2,000 outputs all viewing one input (each shares memory with every other): four times the outputs of
-    500, about four times the time and the report; pairwise alias lists made it sixteen."""
+    500, about four times the time and the report; pairwise alias lists made it sixteen. Timed in this
+    process's CPU time, the better of two: the other test worker compiling beside it once stretched the wall
+    time of the larger call alone (a ratio of 8.9 from a fresh Inductor cache, 4.2 to 5.7 alone)."""
     sizes = {}
     for count in (500, 2000):
         program = costly.many_slices(count)
-        started = time.perf_counter()
-        report = strideguard.inspect(program)
-        text = report.to_json()
-        sizes[count] = (time.perf_counter() - started, len(text))
+        seconds = []
+        for _ in range(2):
+            started = time.process_time()
+            report = strideguard.inspect(program)
+            text = report.to_json()
+            seconds.append(time.process_time() - started)
+        sizes[count] = (min(seconds), len(text))
         assert all(len(output.aliases) == 2 for output in report.outputs)
     time_ratio = sizes[2000][0] / sizes[500][0]
     size_ratio = sizes[2000][1] / sizes[500][1]
