@@ -5,7 +5,9 @@ and every stage reads it. These tests count, with ``sys.setprofile``, how often
 the questions the subject answers are asked of the program during one call:
 its dialect, its output names, its target device, its backend, the layouts
 asked. Each is asked once, at the entry, whatever the mode; before the
-subject, one graph-only ``densify_outputs`` asked ``dialect_of`` 5 times.
+subject, ``prepare_for_aoti`` resolved the backend twice and asked the
+dialect twice, and ``densify_outputs`` with layouts asked the names and the
+dialect twice each.
 A graph's ops are normalised once per plan (``GraphOps``), not per question.
 """
 
