@@ -1,6 +1,9 @@
 """One plan, one apply: what strideguard decides for a graph, and carrying it out.
 
-``make_plan`` reads a graph once: which returned pieces move into their
+``make_plan`` reads a graph once, for one ``Subject`` (what the call was handed,
+``strideguard.decide.subject``), with the caller's ``Choices`` and its
+``Grounds`` (Inductor's lowering of the program ``AsCompiled``, or what the
+graph alone cannot say): which returned pieces move into their
 producers (``strideguard.decide.pushdown``), which view copies become views
 (``strideguard.decide.view_conversion``), the value every node holds under them, and the facts
 about each user output (``strideguard.decide.facts``), copied or not and why,
@@ -27,7 +30,7 @@ import gc
 import logging
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from torch.export import ExportedProgram
