@@ -149,7 +149,7 @@ def test_the_copy_is_built_and_recognised_in_one_place():
         if isinstance(node, ast.Constant) and node.value == copies.COPY_TAG
     )
     assert not spelling, spelling
-    builders = {"COPY_TAG", "insert_copy", "involution_call", "copy_form_for"}
+    builders = {"COPY_TAG", "insert_copy", "copy_form_for"}
     building = sorted(
         module for module in MODULES
         for source, name in imports_of(module) if source == COPIES and name in builders

@@ -19,13 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature
 
 from ..compiler.backends import Backend, resolve_backend
 from ..compiler.targets import CPU, Target, target_for
-from ..program.dialect import Dialect, dialect_of, dialect_of_graph
+from ..program.dialect import Dialect, dialect_of
 from ..program.exported import output_values, require_exported_program, user_outputs, UserOutput
 from ..program.naming import output_names, positional_names
 from .user_layouts import resolve_layouts
@@ -51,13 +50,10 @@ class Subject:
     """The layouts the user asked, by user output index: a dim order or ``program.promises.KEEP``."""
 
     @classmethod
-    def of_graph(
-        cls, graph: torch.fx.Graph, signature: ExportGraphSignature, function: str, dialect: Optional[Dialect] = None
-    ) -> "Subject":
-        """A bare graph's subject: its dialect (as read from the graph where not given), positional names, the
-        CPU, no backend, no layout asked."""
+    def of_graph(cls, signature: ExportGraphSignature, dialect: Dialect, function: str) -> "Subject":
+        """A bare graph's subject (``signature``: the one it implies): positional names, the CPU, no backend, no
+        layout asked."""
         outputs = tuple(user_outputs(signature))
-        dialect = dialect if dialect is not None else dialect_of_graph(graph)
         return cls(None, function, dialect, CPU, None, outputs, tuple(positional_names(len(outputs))))
 
 
@@ -68,12 +64,10 @@ def subject_of(
     device: Any = None,
     backend: Any = None,
     layouts: Optional[Mapping[Any, Any]] = None,
-    compile_specs: Any = None,
 ) -> Subject:
     """``program`` and what the call ``function`` said of it, each checked and resolved once.
 
-    ``backend`` and ``compile_specs`` as ``compiler.backends.resolve_backend`` takes them (or an already
-    resolved ``Backend``); ``device`` as ``compiler.targets.resolve_target``; ``layouts`` as
+    ``backend`` as ``compiler.backends.resolve_backend`` takes it, or already resolved (a ``Backend``); ``device`` as ``compiler.targets.resolve_target``; ``layouts`` as
     ``decide.user_layouts.resolve_layouts``. Raises the entry point's own ``TypeError`` or ``ValueError``,
     naming ``function``, for anything it cannot use."""
     program = require_exported_program(program, function)
@@ -82,7 +76,7 @@ def subject_of(
     values = [getattr(returned[out.position], "meta", {}).get("val") for out in outputs]
     dialect = dialect_of(program)
     names = tuple(output_names(program, len(outputs)))
-    resolved = backend if isinstance(backend, Backend) else resolve_backend(backend, compile_specs, function=function)
+    resolved = backend if isinstance(backend, Backend) else resolve_backend(backend, function=function)
     if resolved is not None and not dialect.is_edge:
         raise ValueError(
             f"strideguard.{function}: backend names an ExecuTorch AOTI backend, which compiles Edge programs; "

@@ -34,7 +34,7 @@ from torch.fx import Node
 
 from ..compiler.predictor.relayout import RelaidNodes
 from ..program import density, ops
-from ..program.dialect import graph_ops, GraphOps
+from ..program.dialect import aten_op, graph_ops, GraphOps
 from ..program.exported import output_values
 from ..program.fake_values import call_on_fake_values, storage_key
 from ..program.ops import is_higher_order, is_view_op
@@ -201,7 +201,7 @@ def plan_view_conversion(
             decided_returned_storages |= storages(pieces)
             continue
         view_op = ops_of_graph.twin[node]
-        candidate = _as_view(node, ops_of_graph.twin_aten[node], conversion)
+        candidate = _as_view(node, aten_op(view_op), conversion)
         if candidate is None:
             continue
         if policy.careful and _reorders_for_compute(node, candidate, conversion):

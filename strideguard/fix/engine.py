@@ -115,10 +115,12 @@ class Grounds:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything decided for one graph: what it is planned for (its dialect in ``subject``), the pushdowns, the view
-    conversions, and each user output's facts (``action`` says whether it is copied, ``reason`` why)."""
+    """Everything decided for one graph: what it is planned for (its dialect in ``subject``) and as the caller
+    chose, the pushdowns, the view conversions, and each user output's facts (``action`` says whether it is
+    copied, ``reason`` why)."""
 
     subject: Subject
+    choices: Choices
     graph: torch.fx.Graph
     """The graph the conversions and copies are planned on: the one handed to ``make_plan``, or, where
     pushdowns were applied, a working copy carrying them."""
@@ -202,7 +204,7 @@ def make_plan(
     if described:
         facts = _with_pushdowns_described(facts, described)
     _log_decisions(facts, applied, lowering, rewrites, choices.copy_outputs)
-    return Plan(subject, graph, applied, conversion, tuple(facts), requested)
+    return Plan(subject, choices, graph, applied, conversion, tuple(facts), requested)
 
 
 def _log_decisions(facts, applied, lowering, rewrites, copy_outputs: bool) -> None:
@@ -245,14 +247,14 @@ def _with_pushdowns_described(facts: list[OutputFacts], found: tuple[Pushdown, .
     return described
 
 
-def apply_plan(plan: Plan, *, update_values: bool = True) -> int:
+def apply_plan(plan: Plan) -> int:
     """Carry ``plan`` out on ``plan.graph`` in place: convert the views, copy the outputs, and retarget any
     ``detach_copy`` left. Returns how many nodes were added or retargeted, counting each pushdown applied
     (already, in the plan's working copy) as one.
 
-    ``update_values=False`` keeps converted nodes' traced values (see ``convert_views``).
+    ``Choices.update_values=False`` keeps converted nodes' traced values (see ``convert_views``).
     """
-    changed = len(plan.pushdowns) + convert_views(plan.conversion, update_values=update_values)
+    changed = len(plan.pushdowns) + convert_views(plan.conversion, update_values=plan.choices.update_values)
     changed += len(insert_output_copies(plan.graph, plan.copies, plan.subject.dialect, plan.conversion.view_values.value))
     changed += record_requested_layouts(plan.graph, plan.subject.outputs, plan.requested)
     if plan.subject.dialect.is_edge:
@@ -271,10 +273,10 @@ def fix_graph_in_place(
 ) -> int:
     """Plan and apply on ``graph`` itself (no pushdown, which would need a working copy): for a pass that
     rewrites the graph module it is handed, as ExecuTorch's passes do. Returns how many nodes changed."""
-    subject = Subject.of_graph(graph, signature, "executorch.ReplaceViewCopyWithViewPass", dialect)
+    subject = Subject.of_graph(signature, dialect, "executorch.ReplaceViewCopyWithViewPass")
+    choices = Choices(copy_outputs=copy_outputs, update_values=update_values)
     with without_garbage_collection():
-        plan = make_plan(graph, signature, subject, policy, Choices(copy_outputs=copy_outputs))
-        return apply_plan(plan, update_values=update_values)
+        return apply_plan(make_plan(graph, signature, subject, policy, choices))
 
 
 def lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: AsCompiled = AsCompiled()) -> Lowering:
@@ -291,8 +293,7 @@ def lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: A
 def _lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: AsCompiled) -> Lowering:
     backend, target, policy = subject.backend, subject.target, as_compiled.policy
     if not subject.dialect.is_edge:
-        configs = dict(as_compiled.inductor_configs) if as_compiled.inductor_configs is not None else None
-        return lower_outputs(program, inductor_configs=configs, target=target)
+        return lower_outputs(program, inductor_configs=as_compiled.inductor_configs, target=target)
     if policy is EXECUTORCH:
         return lower_edge_outputs(program, backend=backend, target=target)
     if policy is NO_CONVERSION:
@@ -392,7 +393,7 @@ def transformed(
     program = subject.program
     with without_garbage_collection():
         plan = _plan(subject, copy_graph(program), policy, as_compiled, choices, unavailable)
-        changed = apply_plan(plan, update_values=choices.update_values)
+        changed = apply_plan(plan)
         return rebuild(program, plan.graph), changed
 
 

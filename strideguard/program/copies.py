@@ -43,7 +43,7 @@ import torch
 from torch.fx import Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from .dialect import aten_op, copy_recipe, Dialect, spelled_in
+from .dialect import aten_op, copy_recipe, Dialect, value_call
 from .fake_values import call_on_fake_values, fresh_like, fresh_strided
 from .naming import node_stem
 from .promises import LAYOUT_TAG
@@ -88,17 +88,12 @@ def output_copies(graph: torch.fx.Graph) -> list[Any]:
     ]
 
 
-def involution_call(dialect: Dialect, dtype: torch.dtype) -> Optional[Any]:
-    """An elementwise op that is its own inverse, bit for bit, on ``dtype`` (``neg`` for floating and complex
-    types, ``bitwise_not`` for integers and bool): applied twice, the part of the copy Inductor keeps (why: the
-    module's docstring). ``None`` for a dtype neither op takes.
-    """
-    op = _involution(dtype)
-    return spelled_in(dialect, op) if op is not None else None
-
-
 def _involution(dtype: torch.dtype) -> Optional[Any]:
-    """``involution_call``'s op in ATen: the same in every dialect but its spelling."""
+    """An elementwise ATen op that is its own inverse, bit for bit, on ``dtype`` (``neg`` for floating and
+    complex types, ``bitwise_not`` for integers and bool): applied twice, the part of the copy Inductor keeps
+    (why: the module's docstring; ``dialect.copy_recipe`` spells it in the program's dialect). ``None`` for a
+    dtype neither op takes.
+    """
     if dtype.is_floating_point or dtype.is_complex:
         if dtype.itemsize == 1:  # float8 types have no neg kernel
             return None
@@ -166,13 +161,10 @@ def _new_node(graph, after: Node, call: tuple[Any, tuple, dict], origin: Node, f
     return node
 
 
-def _give_value(
-    node: Node, origin: Node, value: Callable[[Node], Any], dense_strides: Optional[tuple], elementwise: bool,
-    value_call: tuple[Any, dict],
-) -> None:
+def _give_value(node: Node, origin: Node, value: Callable[[Node], Any], dense_strides: Optional[tuple], elementwise: bool) -> None:
     """The copy node's fake value (and ``tensor_meta`` where the graph carries those): an involution's is a
-    fresh tensor like its input's, a copy's with known dense strides a fresh one with those, any other its
-    ``value_call`` (the ATen op and keyword arguments giving its value) run on its input's value."""
+    fresh tensor like its input's, a copy's with known dense strides a fresh one with those, any other the
+    op run on its input's value."""
     after = node.args[0]
     if elementwise:
         node.meta["val"] = fresh_like(after.meta["val"])
@@ -181,7 +173,7 @@ def _give_value(
     elif dense_strides is not None:
         node.meta["val"] = fresh_strided(after.meta["val"], tuple(after.meta["val"].shape), dense_strides)
     else:
-        op, op_kwargs = value_call
+        op, op_kwargs = value_call(node.target, node.kwargs)
         node.meta["val"] = call_on_fake_values(op, node, value, op_kwargs)
     if "tensor_meta" in origin.meta and "tensor_meta" not in node.meta:
         node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
@@ -214,10 +206,10 @@ def insert_copy(
     )
     stem = node_stem(serves) if serves is not None else None
     last = source
-    for step, ((op, args, op_kwargs), value_call) in enumerate(zip(recipe.steps, recipe.value_calls)):
+    for step, (op, args, op_kwargs) in enumerate(recipe.steps):
         name = None if stem is None else f"{stem}_dense" if step == len(recipe.steps) - 1 else f"{stem}_copy"
         # the copy's and the involutions' values are fresh dense tensors whose strides are known: no dispatch
         last = _new_node(graph, last, (op, (last, *args), op_kwargs), source, form, name)
         dense_strides = recipe.strides if op is recipe.copy and _has_elements(shape) else None
-        _give_value(last, source, value, dense_strides, op is recipe.involution, value_call)
+        _give_value(last, source, value, dense_strides, elementwise=op is recipe.involution)
     return last

@@ -84,15 +84,11 @@ _remembered_aten_op = lru_cache(maxsize=None)(_unwrapped)
 @dataclass(frozen=True)
 class GraphOps:
     """Each ``call_function`` node's op as the decisions read it, normalised once per graph rather than once
-    per question: its ATen op (an Edge op unwrapped), all its overloads together (``packet``, what
-    ``program.ops``' families hold; ``None`` for a higher-order operator or ``getitem``), its view twin in its
-    own dialect (``None`` where it has none) and that twin's ATen op. Read before the graph changes: a node
-    added later is not in it."""
+    per question: its ATen op (an Edge op unwrapped) and its view twin in its own dialect (``None`` where it
+    has none). Read before the graph changes: a node added later is not in it."""
 
     aten: Mapping[torch.fx.Node, Any]
-    packet: Mapping[torch.fx.Node, Any]
     twin: Mapping[torch.fx.Node, Any]
-    twin_aten: Mapping[torch.fx.Node, Any]
 
     def op(self, node: torch.fx.Node) -> Any:
         """``node``'s ATen op; its own target for a node that calls no function."""
@@ -100,24 +96,13 @@ class GraphOps:
 
 
 def graph_ops(graph: torch.fx.Graph) -> GraphOps:
-    """``graph``'s ops, normalised once (``GraphOps``): worked out once per distinct target, looked up per node."""
-    aten, packet, twin, twin_aten = {}, {}, {}, {}
+    """``graph``'s ops, normalised once (``GraphOps``); ``aten_op`` and ``view_twin`` remember each target."""
+    aten, twin = {}, {}
     for node in graph.nodes:
         if node.op == "call_function":
-            try:
-                aten[node], packet[node], twin[node], twin_aten[node] = _normalised(node.target)
-            except TypeError:  # an unhashable target
-                aten[node], packet[node], twin[node], twin_aten[node] = _normalised.__wrapped__(node.target)
-    return GraphOps(aten, packet, twin, twin_aten)
-
-
-@lru_cache(maxsize=None)
-def _normalised(target: Any) -> tuple[Any, Any, Any, Any]:
-    op = aten_op(target)
-    if not isinstance(op, torch._ops.OpOverload):
-        return op, None, None, None
-    twin = view_twin(target)
-    return op, op.overloadpacket, twin, aten_op(twin) if twin is not None else None
+            op = aten[node] = aten_op(node.target)
+            twin[node] = view_twin(node.target) if isinstance(op, torch._ops.OpOverload) else None
+    return GraphOps(aten, twin)
 
 
 def _edge_ops():
@@ -239,10 +224,9 @@ def reversed_and_back_steps(dialect: Dialect, ndim: int) -> list[tuple[Any, tupl
 @dataclass(frozen=True)
 class CopyRecipe:
     """The calls that copy a tensor into a dim order in one dialect, in order: each a target, its arguments
-    after the input and its keyword arguments, with the ATen call that gives its value (``value_call``)."""
+    after the input and its keyword arguments."""
 
     steps: tuple[tuple[Any, tuple, dict], ...]
-    value_calls: tuple[tuple[Any, dict], ...]
     copy: Any
     """The target of the step that writes the dense copy."""
     strides: tuple
@@ -282,8 +266,7 @@ def copy_recipe(
         permute = permute_call(dialect)
         steps = [(permute, (list(dim_order),), {})] + detour + [(target, (), kwargs)] + dense + [(permute, (inverse,), {})]
         strides = density.strides_for_order(tuple(shape[dim] for dim in dim_order), tuple(range(len(dim_order))))
-    value_calls = tuple(value_call(op, op_kwargs) for op, _, op_kwargs in steps)
-    return CopyRecipe(tuple(steps), value_calls, target, strides, spelled)
+    return CopyRecipe(tuple(steps), target, strides, spelled)
 
 
 def narrow_call(dialect: Dialect) -> Any:

@@ -122,7 +122,6 @@ class Judged:
     """The form of strideguard's copy it is (``program.copies.copy_form_of``), if it is one."""
     stronger: Optional[CopyForm]
     """The copy form to try next where it is out of layout (``None``: none stronger, or in layout)."""
-    source_line: Optional[str]
 
     @property
     def is_tensor(self) -> bool:
@@ -148,7 +147,7 @@ def judged_outputs(fixed: ExportedProgram, subject: Subject, lowering: Optional[
         )
         form = copy_form_of(node)
         stronger = stronger_form(form, node.meta["val"]) if wrong else None
-        judged.append(Judged(index, node, order, lowered, wrong, form, stronger, source_line(node)))
+        judged.append(Judged(index, node, order, lowered, wrong, form, stronger))
     return judged
 
 
@@ -231,7 +230,7 @@ def _proof(subject: Subject, judged: list[Judged], rounds, seconds, strengthened
     return Proof(
         rounds, seconds, tuple(strengthened), backend, tuple(unproven), str(subject.target), why, subject.names,
         tuple(output.index for output in judged if output.copy_form is not None),
-        tuple(output.source_line for output in judged),
+        tuple(source_line(output.node) for output in judged),
     )
 
 

@@ -182,7 +182,7 @@ def _choice_of_call(name: str, call: _Call, target: Target) -> KernelChoice:
     if unbatched:
         q, k, v, mask = (_batched(t) for t in (q, k, v, mask))
         why.append(f"torch {torch.__version__} may give unbatched inputs a batch dimension for a fused kernel")
-    checks = _Checks(q, k, v, mask, call, target.capability)
+    checks = _Checks(q, k, v, mask, call, target)
     enabled = {
         FLASH: torch.backends.cuda.flash_sdp_enabled(),
         EFFICIENT: torch.backends.cuda.mem_efficient_sdp_enabled(),
@@ -234,8 +234,9 @@ class _Checks:
     """``can_use_flash_attention``, ``can_use_mem_efficient_attention``, ``can_use_cudnn_attention`` for
     dense inputs at inference, each answering True, False, or None where it cannot be decided here."""
 
-    def __init__(self, q, k, v, mask, call: _Call, capability: tuple[int, int]):
-        self.q, self.k, self.v, self.mask, self.call, self.capability = q, k, v, mask, call, capability
+    def __init__(self, q, k, v, mask, call: _Call, target: Target):
+        self.q, self.k, self.v, self.mask, self.call = q, k, v, mask, call
+        self.capability, self.sm = target.capability, target.sm
         self.open: dict[str, str] = {}
         self.refused: dict[str, str] = {}
         """Why a backend cannot run, where a check said so for one reason: what the error says when none can."""
@@ -252,9 +253,6 @@ class _Checks:
     def _refuse(self, backend: str, why: str) -> bool:
         self.refused[backend] = why
         return False
-
-    def _sm_name(self) -> str:
-        return f"sm{self.capability[0]}{self.capability[1]}"
 
     def _sm(self, low: tuple[int, int], high: tuple[int, int]) -> bool:
         return low <= self.capability <= high
@@ -294,7 +292,7 @@ class _Checks:
         if self.mask is not None:
             return self._refuse(FLASH, "flash attention takes no attention mask")
         if not self._sm((8, 0), (12, 1)):
-            return self._refuse(FLASH, f"flash attention needs sm80 to sm121, not {self._sm_name()}")
+            return self._refuse(FLASH, f"flash attention needs sm80 to sm121, not {self.sm}")
         if q.dtype not in (torch.float16, torch.bfloat16):
             return self._refuse(FLASH, f"flash attention takes float16 or bfloat16, not {str(q.dtype).removeprefix('torch.')}")
         causal = _known(q.size(2) == k.size(2)) if self.call.is_causal else True
@@ -307,7 +305,7 @@ class _Checks:
     def efficient(self) -> Optional[bool]:
         q, k, v = self.q, self.k, self.v
         if not self._sm((5, 0), (12, 1)):
-            return self._refuse(EFFICIENT, f"memory-efficient attention needs sm50 to sm121, not {self._sm_name()}")
+            return self._refuse(EFFICIENT, f"memory-efficient attention needs sm50 to sm121, not {self.sm}")
         allowed = (torch.float16, torch.float32) + ((torch.bfloat16,) if self.capability >= (8, 0) else ())
         if q.dtype not in allowed:
             return self._refuse(EFFICIENT, f"memory-efficient attention takes {', '.join(str(d).removeprefix('torch.') for d in allowed)} here")
@@ -327,7 +325,7 @@ class _Checks:
     def cudnn(self) -> Optional[bool]:
         q, k, v, mask = self.q, self.k, self.v, self.mask
         if not self._sm((8, 0), (12, 1)):
-            return self._refuse(CUDNN, f"cuDNN attention needs sm80 to sm121, not {self._sm_name()}")
+            return self._refuse(CUDNN, f"cuDNN attention needs sm80 to sm121, not {self.sm}")
         if q.dtype not in (torch.float16, torch.bfloat16):
             return self._refuse(CUDNN, f"cuDNN attention takes float16 or bfloat16, not {str(q.dtype).removeprefix('torch.')}")
         if torch.are_deterministic_algorithms_enabled():

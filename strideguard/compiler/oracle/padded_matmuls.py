@@ -54,7 +54,7 @@ from typing import Iterator, Optional
 import torch
 
 from ...program.dialect import GraphOps
-from ...program.ops import GEMMS
+from ...program.ops import GEMMS, in_family
 from ..targets import Target
 
 @dataclass(frozen=True)
@@ -91,8 +91,8 @@ def laid_out_by_benchmark(ops_of_graph: GraphOps, target: Target) -> dict[str, s
     if not config.shape_padding or outputs_held_to_traced_strides():
         return {}
     decided = {}
-    for node, packet in ops_of_graph.packet.items():
-        if packet not in GEMMS:
+    for node, op in ops_of_graph.aten.items():
+        if not in_family(op, GEMMS):
             continue
         sizes = _product_sizes(node)
         if sizes is None:
