@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import zipfile
 from typing import Iterator
 
 import pytest
@@ -228,3 +229,22 @@ def test_guards(guard, accepted):
     else:
         with pytest.raises(Refused):
             check_guard(guard)
+
+
+@pytest.mark.commands
+def test_a_file_refused_in_a_child_comes_back_in_the_loaders_words(tmp_path):
+    """A file read in ``verify``'s child (``prove.isolation``) and refused there comes back saying it speaks for
+    itself, so the command line prints the loader's one line as it is; any other failure in the child comes
+    back marked as one, so the command line names the step that failed."""
+    from strideguard.prove.isolation import ChildFailed, Limits, run_isolated
+
+    hostile = tmp_path / "members.pt2"
+    with zipfile.ZipFile(hostile, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("model/models/model.json", b"{" * 1000)
+    with pytest.raises(ChildFailed) as refused:
+        run_isolated(load_program, str(hostile), limits=Limits(seconds=120), what="a hostile file")
+    assert refused.value.speaks_for_itself and refused.value.kind == "ProgramFileError"
+    assert str(refused.value).startswith(f"{hostile}: has a compressed member")
+    with pytest.raises(ChildFailed) as plain:
+        run_isolated(int, "not a number", limits=Limits(seconds=120), what="a plain failure")
+    assert not plain.value.speaks_for_itself and plain.value.kind == "ValueError"
