@@ -27,11 +27,15 @@ from strideguard.compiler.targets import target_for
 from strideguard.decide.subject import Subject, subject_of
 from strideguard.decide.user_layouts import resolve_layouts
 from strideguard.examples import export_robot_policy
+from strideguard.compiler.oracle.lowering import Lowering, LoweredOutput
 from strideguard.program.dialect import aten_op, dialect_of, graph_ops
+from strideguard.program.exported import placeholder_roles, verifier_accepts
 from strideguard.program.naming import output_names
+from strideguard.program.promises import requested_layouts
 
 ASKED_ONCE = {function.__code__: function.__name__ for function in (
-    dialect_of, output_names, target_for, resolve_backend, resolve_layouts,
+    dialect_of, output_names, target_for, resolve_backend, resolve_layouts, requested_layouts, placeholder_roles,
+    verifier_accepts,
 )}
 
 
@@ -98,7 +102,7 @@ def test_a_subject_is_frozen_and_names_the_outputs_in_the_users_words(two_heads)
     assert subject.layouts == {0: "keep"} and str(subject.target) == "cpu" and subject.backend is None
     with pytest.raises(AttributeError):
         subject.names = ()  # type: ignore[misc]
-    bare = Subject.of_graph(two_heads.graph_signature, subject.dialect, "t")
+    bare = Subject.of_graph(two_heads.graph, two_heads.graph_signature, subject.dialect, "t")
     assert bare.names == ("[0]", "[1]") and bare.program is None and bare.dialect == subject.dialect
 
 
@@ -121,3 +125,53 @@ def test_a_graphs_ops_are_normalised_once_and_agree_with_each_question():
     slices = [node for node in calls if "slice_copy" in str(node.target)]
     assert slices and all(aten_op(ops.twin[node]) is torch.ops.aten.slice.Tensor for node in slices)
     assert all(ops.twin[node] is None for node in calls if "_copy" not in str(node.target))
+
+
+@pytest.mark.compiles
+@pytest.mark.lowers
+def test_verify_reads_its_program_once(two_heads):
+    """``verify`` builds one subject for the program it checks (an ATen program on the CPU is the one
+    AOTInductor compiles, so it is the only one); its own lowering of that program asks the dialect again."""
+    fixed = strideguard.densify_outputs(two_heads)
+    asked = {code: name for code, name in ASKED_ONCE.items() if name not in ("dialect_of", "resolve_backend")}
+    with counting(asked) as calls:
+        report = strideguard.verify(fixed)
+    assert calls == {name: 1 for name in asked.values()}, dict(calls)
+    assert report.ok and [check.name for check in report.outputs] == ["first", "rest"]
+
+
+def test_a_lowering_reads_only_its_own_compiles_outputs():
+    """An earlier lowering's stop, left in the context of the exception a later compile raised, is not read
+    as the later one's outputs: that compile's own failure is raised instead."""
+    from strideguard.compiler.oracle.lowering import _find_lowered, _Lowered
+
+    earlier = _Lowered([LoweredOutput((3, 6), (6, 1), 0, False)], lowering=1)
+    try:
+        try:
+            raise earlier
+        except _Lowered:
+            raise RuntimeError("the later compile failed otherwise")
+    except RuntimeError as error:
+        assert _find_lowered(error, 2) is None
+        assert _find_lowered(error, 1) is earlier
+
+
+def test_a_lowering_of_other_outputs_is_refused_not_judged(two_heads, monkeypatch):
+    """A lowering whose outputs cannot be the subject's (here a [3, 6] matrix for the [4, 3] output ``first``)
+    is refused by name, before any output is judged against it."""
+    from strideguard.fix import engine
+
+    subject = subject_of(two_heads, "test")
+    first, rest = (LoweredOutput(tuple(v.shape), tuple(v.stride()), 0, False) for v in subject.values)
+    refused = {
+        "first": (LoweredOutput((3, 6), (6, 1), 0, False), rest),
+        "rest": (first, LoweredOutput((52,), (1,), 0, False)),
+    }
+    for name, outputs in refused.items():
+        monkeypatch.setattr(engine, "_lower_as_compiled", lambda *_, outputs=outputs: Lowering(outputs, 0.0))
+        with pytest.raises(RuntimeError, match=rf"for output \d \({name}\), whose shape is .*not this program's"):
+            engine.lower_as_compiled(two_heads, subject)
+        with pytest.raises(RuntimeError, match=rf"\({name}\), whose shape is"):
+            strideguard.densify_outputs(two_heads, exact=True)
+    monkeypatch.setattr(engine, "_lower_as_compiled", lambda *_: Lowering((first, rest), 0.0))
+    assert engine.lower_as_compiled(two_heads, subject).outputs == (first, rest)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from strideguard.decide.facts import analyze_outputs
+from strideguard.decide.subject import subject_of
 from strideguard.program.dialect import Dialect, dialect_of, graph_ops
 from strideguard.fix.passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
 from strideguard.program.copies import CopyForm, copy_form_for
@@ -45,7 +46,7 @@ def test_insert_output_copies_copies_exactly_the_outputs_it_is_told_to_in_a_form
     x, counts = torch.randn(3, 4), torch.arange(12, dtype=torch.int32).reshape(3, 4)
     program = torch.export.export(TransposeAndSum(), (x, counts))
     graph = copy_graph(program)
-    facts = analyze_outputs(graph, program.graph_signature)
+    facts = analyze_outputs(graph, subject_of(program, "test"))
     assert [fact.copied for fact in facts] == [True, False, True]
     before = targets(graph)
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.export.graph_signature import OutputKind, OutputSpec, TensorArgument
 
 import strideguard
+from strideguard.decide.subject import subject_of
 from strideguard.program.exported import UserOutput
 from strideguard.prove.verification import (
     EAGER_TOLERANCES,
@@ -202,7 +203,7 @@ class Mixed(torch.nn.Module):
 
 def test_an_output_is_judged_by_the_least_precise_dtype_it_was_computed_in():
     program = torch.export.export(Mixed(), (torch.randn(2, 8),))
-    computed = _computed_on_the_way(program)
+    computed = _computed_on_the_way(subject_of(program, "test"))
     dtypes = [torch.float32, torch.float64, torch.float64, torch.bfloat16, torch.int64]
     tolerances = [_output_tolerance(dtype, c) for dtype, c in zip(dtypes, computed)]
     assert tolerances == [

@@ -21,16 +21,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Container, Mapping, Optional
 
 import torch
-from torch.export.graph_signature import ExportGraphSignature
 from torch.fx import Node
 
 from ..compiler.predictor.compiled_layout import Compilation, compiled_layout, CompiledLayout, LeftToInductor, Ops, Values
 from ..program import density, ops
 from ..program.copies import copied_source
 from ..program.dialect import Dialect
-from ..program.exported import output_values, placeholder_roles, PUSHED_DOWN, user_outputs, UserOutput
+from ..program.exported import output_values, PUSHED_DOWN, UserOutput
 from ..program.fake_values import storage_key
-from ..program.naming import positional_names, source_line
+from ..program.naming import source_line
 from ..program.ops import is_higher_order, is_view_op, op_name
 from ..program.reports import (
     Action,
@@ -42,6 +41,7 @@ from ..program.reports import (
     OutputLayout,
     Reason,
 )
+from .subject import Subject
 
 
 def own_op(node: Node) -> Any:
@@ -136,17 +136,14 @@ class OutputAnalysis:
     """The facts of a graph's user outputs, from the state they share: the compiled program's values and ops
     (``Compilation``), what each placeholder is, and which inputs, weights and outputs own each memory."""
 
-    def __init__(
-        self, graph: torch.fx.Graph, signature: ExportGraphSignature, compilation: Compilation,
-        names: Optional[list[str]] = None, predicts: bool = True,
-    ):
+    def __init__(self, graph: torch.fx.Graph, subject: Subject, compilation: Compilation, predicts: bool = True):
         self.compilation = compilation
         self.predicts = predicts
         """Whether the graph-only predictor (``compiler.predictor.compiled_layout``) runs: not where a lowering decides."""
-        self.roles = placeholder_roles(signature)
+        self.roles = subject.roles
         self.returned = output_values(graph)
-        self.outputs = user_outputs(signature)
-        self.names = list(names) if names is not None and len(names) == len(self.outputs) else positional_names(len(self.outputs))
+        self.outputs = subject.outputs
+        self.names = subject.names
         self.memory_owners: dict[Any, list[Alias]] = {}
         for node in graph.find_nodes(op="placeholder"):
             key = storage_key(compilation.values(node))
@@ -160,8 +157,8 @@ class OutputAnalysis:
                 if key is not None:
                     self.output_keys.setdefault(key, []).append(out.index)
 
-    def facts(self, target_orders: Mapping[int, tuple[int, ...]]) -> list[OutputFacts]:
-        return [self.facts_for(out, target_orders.get(out.index)) for out in self.outputs]
+    def facts(self, target_orders: tuple[Optional[tuple[int, ...]], ...]) -> list[OutputFacts]:
+        return [self.facts_for(out, target_orders[out.index]) for out in self.outputs]
 
     def facts_for(self, out: UserOutput, target_order: Optional[tuple[int, ...]]) -> OutputFacts:
         """The facts of one user output (``target_order``: its promised dim order; contiguous when ``None``)."""
@@ -252,28 +249,24 @@ class OutputAnalysis:
 
 def analyze_outputs(
     graph: torch.fx.Graph,
-    signature: ExportGraphSignature,
+    subject: Subject,
     *,
     values: Values = meta_value,
     op_of: Ops = own_op,
-    target_orders: Optional[Mapping[int, tuple[int, ...]]] = None,
     relaid: Container[Node] = frozenset(),
-    names: Optional[list[str]] = None,
     predicts: bool = True,
 ) -> list[OutputFacts]:
-    """Facts for each user output of ``graph``.
+    """Facts for each user output of ``graph``, the subject's program's graph or one made from it: named, and
+    held to their target dim orders, as the ``subject`` says.
 
     ``values`` gives each node's fake value in the compiled program (an Edge
-    program's view copies made views); ``target_orders`` maps a user
-    output's index to its promised dim order (contiguous when absent);
-    ``relaid`` holds the compute nodes whose layout those conversions may change;
-    ``names`` each output's name in the user's words (``program.naming.output_names``; positional without).
-    With ``predicts=False`` (a lowering will decide every layout) no prediction is made: each tensor output is
-    left undecided until the lowering's strides replace it (``decide.revisions.exact_facts``).
+    program's view copies made views); ``relaid`` holds the compute nodes whose layout those conversions may
+    change. With ``predicts=False`` (a lowering will decide every layout) no prediction is made: each tensor
+    output is left undecided until the lowering's strides replace it (``decide.revisions.exact_facts``).
     """
     returned = frozenset(v for v in output_values(graph) if isinstance(v, Node))
     compilation = Compilation(values, op_of, returned, relaid)
-    return OutputAnalysis(graph, signature, compilation, names, predicts).facts(target_orders or {})
+    return OutputAnalysis(graph, subject, compilation, predicts).facts(subject.target_orders)
 
 
 def _unpredicted(tensor: torch.Tensor) -> LeftToInductor:

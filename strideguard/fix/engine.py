@@ -52,8 +52,7 @@ from .passes.record_requested_layouts import record_requested_layouts
 from .passes.view_copies_to_views import convert_views
 from ..program.copies import copied_source, copy_form_of, CopyForm, insert_copy
 from ..program.dialect import Dialect, graph_ops, GraphOps
-from ..program.exported import copy_graph, copy_of_graph, rebuild, signature_following_graph, verifier_accepts
-from ..program.promises import requested_layouts, target_orders_of
+from ..program.exported import copy_graph, copy_of_graph, rebuild
 
 logger = logging.getLogger(__name__)
 
@@ -128,9 +127,6 @@ class Plan:
     """The pushdowns applied in ``graph`` (``Pushdowns.APPLIED``; those only described are in ``outputs``)."""
     conversion: ViewConversion
     outputs: tuple[OutputFacts, ...]
-    requested: Mapping[int, Any] = field(default_factory=dict)
-    """The layout asked of each user output (by index: a dim order or ``program.promises.KEEP``), recorded in the graph
-    by ``apply_plan`` so that every later judgement of the program reads it."""
 
     @property
     def copies(self) -> tuple[OutputFacts, ...]:
@@ -139,13 +135,13 @@ class Plan:
 
 def make_plan(
     graph: torch.fx.Graph,
-    signature: ExportGraphSignature,
     subject: Subject,
     policy: ConversionPolicy,
     choices: Choices = Choices(),
     grounds: Grounds = Grounds(),
 ) -> Plan:
-    """Decide what to push down, convert and copy in ``graph`` (``graph`` itself never changes).
+    """Decide what to push down, convert and copy in ``graph``, the subject's program's graph or a copy of it
+    (``graph`` itself never changes).
 
     An ATen graph has views already: recomputing them only restores the storage
     sharing a program loaded with ``torch.export.load`` has lost. With a lowering
@@ -156,36 +152,27 @@ def make_plan(
     rewrite, or why they cannot run here) is copied in the form that holds
     whatever they do; with one, only where that backend's passes could not run. Without a lowering, an
     output that is a matrix product the device's benchmark may pad (``grounds.padded_by_benchmark``, by node
-    name, with why), or a view of one, is copied in a form that holds either way. The subject's ``layouts``
-    (a dim order, or ``program.promises.KEEP``, by index) go over any the graph records.
+    name, with why), or a view of one, is copied in a form that holds either way. Each output is held to the
+    subject's target dim order (``Subject.target_orders``: the layouts asked, over those the graph records).
     """
-    dialect, pushdowns, layouts = subject.dialect, choices.pushdowns, subject.layouts
+    dialect, pushdowns = subject.dialect, choices.pushdowns
     described = plan_pushdowns(graph) if pushdowns is Pushdowns.DESCRIBED else ()
     applied: tuple[Pushdown, ...] = ()
     if pushdowns is Pushdowns.APPLIED:
         working, applied = _with_pushdowns_applied(graph, dialect)
         if applied:
-            graph, signature = working, signature_following_graph(signature, working)
+            graph = working
     ops_of_graph = grounds.ops if grounds.ops is not None and not applied else graph_ops(graph)
     converting = policy if dialect.is_edge else NO_CONVERSION
     conversion = plan_view_conversion(graph, ops_of_graph, converting, accepts=grounds.accepts)
-    recorded = requested_layouts(graph, subject.outputs)
-    requested = {**recorded, **layouts}
-    from_file = frozenset(index for index in recorded if index not in layouts)
-    target_orders = {
-        index: order for index, order in enumerate(target_orders_of(graph, subject.outputs, dialect, requested))
-        if order is not None
-    }
     lowering = grounds.lower(graph) if grounds.lower is not None else None
     rewrites = grounds.rewrites
     facts = analyze_outputs(
         graph,
-        signature,
+        subject,
         values=conversion.view_values.value,
         op_of=conversion.view_values.op_of,
-        target_orders=target_orders,
         relaid=conversion.relaid() if lowering is None else frozenset(),
-        names=list(subject.names),
         predicts=lowering is None,  # with a lowering, its strides decide: the predictor does not run
     )
     if lowering is not None:
@@ -198,13 +185,13 @@ def make_plan(
         facts = left_to_backend(facts, graph, rewrites.rewritten, rewrites.unavailable)
     if lowering is None and grounds.padded_by_benchmark:
         facts = left_to_benchmark(facts, grounds.padded_by_benchmark)
-    facts = as_asked(facts, requested, dialect.is_edge, from_file)
+    facts = as_asked(facts, subject.requested, dialect.is_edge, subject.from_file)
     if not choices.copy_outputs:
         facts = [fact.uncopied() for fact in facts]
     if described:
         facts = _with_pushdowns_described(facts, described)
     _log_decisions(facts, applied, lowering, rewrites, choices.copy_outputs)
-    return Plan(subject, choices, graph, applied, conversion, tuple(facts), requested)
+    return Plan(subject, choices, graph, applied, conversion, tuple(facts))
 
 
 def _log_decisions(facts, applied, lowering, rewrites, copy_outputs: bool) -> None:
@@ -256,7 +243,8 @@ def apply_plan(plan: Plan) -> int:
     """
     changed = len(plan.pushdowns) + convert_views(plan.conversion, update_values=plan.choices.update_values)
     changed += len(insert_output_copies(plan.graph, plan.copies, plan.subject.dialect, plan.conversion.view_values.value))
-    changed += record_requested_layouts(plan.graph, plan.subject.outputs, plan.requested)
+    # recorded in the graph, so that every later judgement of the program reads what was asked
+    changed += record_requested_layouts(plan.graph, plan.subject.outputs, plan.subject.requested)
     if plan.subject.dialect.is_edge:
         changed += detach_copy_to_alias_copy(plan.graph)
     return changed
@@ -273,21 +261,43 @@ def fix_graph_in_place(
 ) -> int:
     """Plan and apply on ``graph`` itself (no pushdown, which would need a working copy): for a pass that
     rewrites the graph module it is handed, as ExecuTorch's passes do. Returns how many nodes changed."""
-    subject = Subject.of_graph(signature, dialect, "executorch.ReplaceViewCopyWithViewPass")
+    subject = Subject.of_graph(graph, signature, dialect, "executorch.ReplaceViewCopyWithViewPass")
     choices = Choices(copy_outputs=copy_outputs, update_values=update_values)
     with without_garbage_collection():
-        return apply_plan(make_plan(graph, signature, subject, policy, choices))
+        return apply_plan(make_plan(graph, subject, policy, choices))
 
 
 def lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: AsCompiled = AsCompiled()) -> Lowering:
     """Inductor's lowering of ``program`` (the subject's program, or one made from it) for the subject's
     target, as its compile runs it (``AsCompiled``)."""
     lowering = _lower_as_compiled(program, subject, as_compiled)
+    _require_the_subjects_outputs(lowering, subject)
     logger.info(
         "lowered %d outputs with Inductor for %s in %.2f s%s", len(lowering.outputs), lowering.target, lowering.seconds,
         f" ({lowering.backend}'s passes: {lowering.unavailable})" if lowering.unavailable else "",
     )
     return lowering
+
+
+def _require_the_subjects_outputs(lowering: Lowering, subject: Subject) -> None:
+    """A lowering whose outputs cannot be the subject's (another count, a tensor of another rank or another
+    static size) is refused: its strides would be judged against other outputs' layouts."""
+    if len(lowering.outputs) != len(subject.outputs):
+        raise RuntimeError(
+            f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(subject.outputs)} "
+            "user outputs"
+        )
+    for index, (lowered, value) in enumerate(zip(lowering.outputs, subject.values)):
+        if lowered is None or not isinstance(value, torch.Tensor):
+            continue
+        shape = tuple(value.shape)
+        if len(lowered.shape) != len(shape) or any(
+            type(got) is int and type(wanted) is int and got != wanted for got, wanted in zip(lowered.shape, shape)
+        ):
+            raise RuntimeError(
+                f"strideguard: Inductor's lowering returned shape {list(lowered.shape)} for output {index} "
+                f"({subject.names[index]}), whose shape is {list(shape)}: not this program's outputs"
+            )
 
 
 def _lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: AsCompiled) -> Lowering:
@@ -299,7 +309,7 @@ def _lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: 
     if policy is NO_CONVERSION:
         return lower_edge_outputs(program, convert_views=lambda graph_module: None, backend=backend, target=target)
 
-    accepts = verifier_accepts(program) if policy.careful else None
+    accepts = subject.accepts if policy.careful else None
 
     def convert_then_executorch(graph_module):
         convert_views(plan_view_conversion(graph_module.graph, graph_ops(graph_module.graph), policy, accepts=accepts))
@@ -337,7 +347,7 @@ def _plan(
     """``make_plan`` on ``graph`` (the subject's program's or a copy of it), lowered ``as_compiled`` where
     given; ``unavailable`` says why the target's lowering cannot run here."""
     program, dialect, target = subject.program, subject.dialect, subject.target
-    accepts = verifier_accepts(program) if dialect.is_edge and policy.careful else None
+    accepts = subject.accepts if policy.careful else None
     ops_of_graph = graph_ops(graph)
     if unavailable is not None:
         # The target's lowering cannot run here: every tensor output is copied in a form that holds.
@@ -358,7 +368,7 @@ def _plan(
             return lower_as_compiled(program if planned is graph else rebuild(program, planned), subject, as_compiled)
 
         grounds = Grounds(lower=lower_planned, accepts=accepts, ops=ops_of_graph)
-    return make_plan(graph, program.graph_signature, subject, policy, choices, grounds)
+    return make_plan(graph, subject, policy, choices, grounds)
 
 
 @contextlib.contextmanager
@@ -403,8 +413,7 @@ def with_stronger_copies(program: ExportedProgram, subject: Subject, forms: Mapp
     dialect = subject.dialect
     with without_garbage_collection():
         graph = copy_graph(program)
-        requested = requested_layouts(graph, subject.outputs)
-        orders = target_orders_of(graph, subject.outputs, dialect, requested)
+        orders = subject.target_orders
         output_node = graph.output_node()
         returned = list(output_node.args[0])
         for index, form in forms.items():
@@ -415,7 +424,7 @@ def with_stronger_copies(program: ExportedProgram, subject: Subject, forms: Mapp
                 graph, source, dialect, orders[index], lambda n: n.meta.get("val"), form, serves=subject.names[index]
             )
         output_node.args = (type(output_node.args[0])(returned),)
-        record_requested_layouts(graph, subject.outputs, requested)
+        record_requested_layouts(graph, subject.outputs, subject.requested)
         graph.eliminate_dead_code(is_impure_node=_only_copies_are_pure)
         return rebuild(program, graph)
 

@@ -251,13 +251,13 @@ def copy_recipe(
                 "copy ops write only contiguous and channels-last orders"
             )
         dim_order = same_bytes
+    strides = density.strides_for_order(shape, dim_order)
     detour = reversed_and_back_steps(dialect, len(shape)) if pinned else []
     spelled = spelled_in(dialect, involution) if involution is not None else None
     dense = [(spelled, (), {})] * 2 if spelled is not None else []
     if copies_into(dialect, dim_order):
         target, kwargs = copy_call(dialect, dim_order)
         steps = detour + [(target, (), kwargs)] + dense
-        strides = density.strides_for_order(shape, dim_order)
     else:
         # ATen has no op copying into an order without a memory format: lay the permuted source out
         # contiguously, then permute back, a view of that fresh buffer with exactly the strides of ``dim_order``.
@@ -265,7 +265,7 @@ def copy_recipe(
         target, kwargs = copy_call(dialect, tuple(range(len(dim_order))))
         permute = permute_call(dialect)
         steps = [(permute, (list(dim_order),), {})] + detour + [(target, (), kwargs)] + dense + [(permute, (inverse,), {})]
-        strides = density.strides_for_order(tuple(shape[dim] for dim in dim_order), tuple(range(len(dim_order))))
+        strides = tuple(strides[dim] for dim in dim_order)  # the permuted copy's, contiguous
     return CopyRecipe(tuple(steps), target, strides, spelled)
 
 

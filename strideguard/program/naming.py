@@ -62,13 +62,9 @@ def positional_names(count: int) -> list[str]:
     return [SINGLE_OUTPUT] if count == 1 else [f"[{i}]" for i in range(count)]
 
 
-def output_names(program: Any, count: Optional[int] = None) -> list[str]:
+def output_names(program: Any, count: int) -> list[str]:
     """Each user output's name, in return order, from ``program``'s output spec; positional where the program
     keeps no spec or one that does not match its ``count`` user outputs."""
-    if count is None:
-        from .exported import user_outputs
-
-        count = len(user_outputs(program.graph_signature))
     spec = getattr(getattr(program, "call_spec", None), "out_spec", None)
     if spec is None or spec.num_leaves != count:
         return positional_names(count)

@@ -36,7 +36,7 @@ from ..program import density
 from ..program.copies import copy_form_of, CopyForm, stronger_form
 from ..program.exported import output_values
 from ..program.naming import source_line
-from ..program.promises import KEEP, requested_layouts, target_orders_of
+from ..program.promises import KEEP
 
 logger = logging.getLogger(__name__)
 
@@ -132,13 +132,9 @@ def judged_outputs(fixed: ExportedProgram, subject: Subject, lowering: Optional[
     """Every user output of ``fixed`` (the subject's program, fixed) against ``lowering`` (``None``: none ran)."""
     values = output_values(fixed.graph)
     returned = [values[out.position] for out in subject.outputs]
-    requested = requested_layouts(fixed.graph, subject.outputs)
-    orders = target_orders_of(fixed.graph, subject.outputs, subject.dialect, requested)
+    requested, orders = subject.requested, subject.target_orders
+    # a lowering of the subject's outputs (``fix.engine.lower_as_compiled`` refuses any other)
     lowered_outputs = lowering.outputs if lowering is not None else (None,) * len(orders)
-    if len(lowered_outputs) != len(orders):
-        raise RuntimeError(
-            f"strideguard: Inductor's lowering returned {len(lowered_outputs)} outputs for {len(orders)} user outputs"
-        )
     judged = []
     for index, (node, order, lowered) in enumerate(zip(returned, orders, lowered_outputs)):
         checked = order is not None and lowered is not None and requested.get(index) != KEEP

@@ -21,15 +21,15 @@ from torch.utils import _pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 
 from ..compiler.oracle.lowering import lower_outputs
-from ..decide.subject import subject_of
+from ..decide.subject import Subject, subject_of
 from ..decide.view_conversion import EXECUTORCH
 from ..fix.engine import program_plan
 from .isolation import DEFAULT_SECONDS, Limits, run_isolated
 from ..program import density
-from ..program.dialect import dialect_of
+from ..program.dialect import Dialect, dialect_of
 from ..program.exported import output_values, require_exported_program, user_outputs, was_pushed_down
 from ..program.naming import output_names, source_line
-from ..program.promises import kept_outputs, target_dim_orders
+from ..program.promises import KEEP
 from ..program.quiet import quietly
 from ..program.reports import Alias, AliasKind, memory_group_peer, OutputCheck, OutputKind, VerifyReport
 
@@ -77,15 +77,15 @@ exactly. ``verify(..., tolerances={dtype: (rtol, atol)})`` overrides entries.
 """
 
 
-def aoti_program(program: ExportedProgram, device: str = "cpu") -> ExportedProgram:
-    """The ATen program AOTInductor compiles for ``program`` on ``device``.
+def aoti_program(program: ExportedProgram, device: str = "cpu", *, dialect: Optional[Dialect] = None) -> ExportedProgram:
+    """The ATen program AOTInductor compiles for ``program`` (whose ``dialect`` the caller may know) on ``device``.
 
     An Edge program, or one bound for another device than the CPU, is exported
     again from its module (on that device, with its stored example inputs):
     AOTInductor compiles ATen programs, for the device their tensors are on.
     Its dynamic dimensions are then specialized to the example inputs.
     """
-    if not dialect_of(program).is_edge and device == "cpu":
+    if not (dialect or dialect_of(program)).is_edge and device == "cpu":
         return program
     if program.example_inputs is None:
         raise ValueError("strideguard: recompiling this program needs its stored example inputs")
@@ -95,7 +95,11 @@ def aoti_program(program: ExportedProgram, device: str = "cpu") -> ExportedProgr
 
 def compile_program(program: ExportedProgram, directory: str, *, device: str = "cpu") -> Any:
     """Compile ``program`` with AOTInductor for ``device`` into ``directory`` and load it; returns a callable."""
-    program = aoti_program(program, device)
+    return _compiled(aoti_program(program, device), directory)
+
+
+def _compiled(program: ExportedProgram, directory: str) -> Any:
+    """``compile_program`` for the ATen program AOTInductor compiles (``aoti_program``), exported once."""
     os.makedirs(directory, exist_ok=True)
     package = torch._inductor.aoti_compile_and_package(program, package_path=os.path.join(directory, "program.pt2"))
     return torch._inductor.aoti_load_package(package)
@@ -113,21 +117,23 @@ def _to_device(tree: Any, device: str) -> Any:
 
 @dataclass(frozen=True)
 class Expectations:
-    """What each user output should come back as: its target layout, and the strides strideguard
-    predicted (the plan ``inspect`` reports) and Inductor's lowering gave, each ``None`` where there is none."""
+    """What each user output should come back as: named, and held to its target layout, as the verified
+    program's subject says (``decide.subject.Subject``); and the strides strideguard predicted (the plan
+    ``inspect`` reports) and Inductor's lowering gave, each ``None`` where there is none."""
 
-    target_orders: tuple
-    predicted: tuple
-    lowered: tuple
+    subject: Subject
+    predicted: tuple = ()
+    lowered: tuple = ()
 
 
-def expectations(program: ExportedProgram, compiled_program: ExportedProgram) -> Expectations:
-    """Targets from ``program`` (an Edge program's promised dim orders); predictions and lowering of the
-    ATen program AOTInductor compiles for it."""
-    predicted = [fact.reported for fact in program_plan(subject_of(compiled_program, "verify"), EXECUTORCH).outputs]
-    lowering = lower_outputs(compiled_program)
+def expectations(subject: Subject, compiled: Subject) -> Expectations:
+    """Targets from the verified program's ``subject`` (an Edge program's promised dim orders); predictions
+    and lowering of the ATen program AOTInductor compiles for it (``compiled``: the subject itself, or a
+    program of its own)."""
+    predicted = [fact.reported for fact in program_plan(compiled, EXECUTORCH).outputs]
+    lowering = lower_outputs(compiled.program)
     return Expectations(
-        target_orders=target_dim_orders(program),
+        subject,
         predicted=tuple(o.strides if o.kind == "tensor" and o.in_target_layout is not None else None for o in predicted),
         lowered=tuple(out.strides if out is not None else None for out in lowering.outputs),
     )
@@ -197,11 +203,13 @@ def verify(
         raise ValueError(f"strideguard.verify: device must be one of {', '.join(DEVICES)}, got {device!r}")
     if not isinstance(more_inputs, (list, tuple)):
         raise TypeError(f"strideguard.verify: more_inputs must be a list or tuple of input sets, got {type(more_inputs).__name__}")
+    subject = subject_of(program, "verify", device=device)
     with tempfile.TemporaryDirectory(prefix="strideguard-") as directory:
-        compiled_program = aoti_program(program, device)
-        expected = expectations(program, compiled_program)
+        compiled_program = aoti_program(program, device, dialect=subject.dialect)
+        compiled_subject = subject if compiled_program is program else subject_of(compiled_program, "verify", device=device)
+        expected = expectations(subject, compiled_subject)
         started = time.perf_counter()
-        compiled = compile_program(compiled_program, directory, device=device)
+        compiled = _compiled(compiled_program, directory)
         compile_seconds = time.perf_counter() - started
         compiled_reference = None
         if reference is not None:
@@ -364,8 +372,8 @@ def check_compiled(
             raise ValueError("strideguard.verify: the program stores no example inputs; pass example_inputs")
         example_inputs = program.example_inputs
     if expected is None:
-        expected = Expectations(target_dim_orders(program), (), ())
-    computed = _computed_on_the_way(program)
+        expected = Expectations(subject_of(program, "verify", device=device))
+    computed = _computed_on_the_way(expected.subject)
     input_sets = [_split_inputs(example_inputs)] + [_split_inputs(i) for i in more_inputs]
     eager = program.module()
     runs = []
@@ -455,7 +463,8 @@ def _check_outputs(
     program, got, expected_values, inputs, expected: Expectations, sizes: dict,
     table: Mapping = EAGER_TOLERANCES, computed: Sequence[frozenset] = (),
 ) -> tuple[OutputCheck, ...]:
-    specs = user_outputs(program.graph_signature)
+    subject = expected.subject
+    specs = subject.outputs
     got_leaves = pytree.tree_leaves(got, is_leaf=lambda x: x is None)
     expected_leaves = pytree.tree_leaves(expected_values, is_leaf=lambda x: x is None)
     if not len(got_leaves) == len(expected_leaves) == len(specs):
@@ -480,14 +489,12 @@ def _check_outputs(
     def at(values: tuple, index: int) -> Optional[tuple]:
         return _concrete(values[index], sizes) if index < len(values) else None
 
-    output_name = output_names(program, len(specs))
-    kept = kept_outputs(program)
     returned = output_values(program.graph)
     lines = [source_line(returned[out.position]) for out in specs]
     return tuple(
         _check_one(out, value, reference, input_storages, output_storages, OutputExpectation(
-            name=output_name[out.index], kept=out.index in kept, line=lines[out.index],
-            target_order=expected.target_orders[out.index] if out.index < len(expected.target_orders) else None,
+            name=subject.names[out.index], kept=subject.requested.get(out.index) == KEEP, line=lines[out.index],
+            target_order=subject.target_orders[out.index],
             predicted=at(expected.predicted, out.index),
             lowered=at(expected.lowered, out.index),
             tolerance=_output_tolerance(
@@ -654,8 +661,9 @@ def _computed_dtypes(value: Any) -> set:
     return {fake.dtype} if isinstance(fake, torch.Tensor) else set()
 
 
-def _computed_on_the_way(program: ExportedProgram) -> tuple[frozenset, ...]:
+def _computed_on_the_way(subject: Subject) -> tuple[frozenset, ...]:
     """For each user output, the dtypes computed on the way to it in the graph, its own included."""
+    program = subject.program
     computed: dict[torch.fx.Node, frozenset] = {}
     for node in program.graph.nodes:
         found = set(_computed_dtypes(node))
@@ -666,7 +674,7 @@ def _computed_on_the_way(program: ExportedProgram) -> tuple[frozenset, ...]:
     return tuple(
         computed.get(returned[out.position], frozenset())
         if out.position < len(returned) and isinstance(returned[out.position], torch.fx.Node) else frozenset()
-        for out in user_outputs(program.graph_signature)
+        for out in subject.outputs
     )
 
 

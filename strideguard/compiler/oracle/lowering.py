@@ -25,6 +25,8 @@ user inputs' fake values, as ``AotiBackend.preprocess`` does.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
@@ -122,11 +124,16 @@ class Lowering:
 
 
 class _Lowered(Exception):
-    """Raised from inside Inductor to stop it once the outputs are laid out."""
+    """Raised from inside Inductor to stop it once the outputs are laid out; ``lowering`` numbers the lowering
+    that raised it, so that only its own compile reads it (never one left in an exception's context)."""
 
-    def __init__(self, outputs: list):
+    def __init__(self, outputs: list, lowering: int):
         super().__init__("strideguard: lowering read, stopping before code generation")
         self.outputs = outputs
+        self.lowering = lowering
+
+
+_lowerings = itertools.count()
 
 
 def lower_outputs(
@@ -354,10 +361,11 @@ def _merged(base: list[Lowering], padded: Sequence[Lowering] = (), relaid: Seque
 
 
 def _lower_once(module: torch.fx.GraphModule, args: tuple, kwargs: dict, inductor_configs: dict) -> Lowering:
+    number = next(_lowerings)
     options = {
         **inductor_configs,
         "aot_inductor.package": True,
-        _HOOK: _read_outputs_and_stop,
+        _HOOK: functools.partial(_read_outputs_and_stop, lowering=number),
         # A cached compile skips lowering, and with it the hook.
         "fx_graph_cache": False,
     }
@@ -366,24 +374,24 @@ def _lower_once(module: torch.fx.GraphModule, args: tuple, kwargs: dict, inducto
         with torch.no_grad():
             torch._inductor.aot_compile(module, args, kwargs, options=options)
     except Exception as error:  # noqa: BLE001 - Inductor wraps what the hook raised
-        lowered = _find_lowered(error)
+        lowered = _find_lowered(error, number)
         if lowered is None:
             raise
         return Lowering(tuple(lowered.outputs), time.perf_counter() - started)
     raise RuntimeError("strideguard: Inductor compiled without calling its pre-fusion hook; nothing was read")
 
 
-def _find_lowered(error: BaseException) -> Optional[_Lowered]:
+def _find_lowered(error: BaseException, lowering: int) -> Optional[_Lowered]:
     seen = set()
     while error is not None and id(error) not in seen:
-        if isinstance(error, _Lowered):
+        if isinstance(error, _Lowered) and error.lowering == lowering:
             return error
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None
 
 
-def _read_outputs_and_stop(nodes):
+def _read_outputs_and_stop(nodes, *, lowering: int):
     from torch._inductor import ir
     from torch._inductor.virtualized import V
 
@@ -404,7 +412,7 @@ def _read_outputs_and_stop(nodes):
         else:
             at_risk = _has_size_one_dim(shape) and (fixed.dtype, sympy_product(shape)) in kernel_memory
             outputs.append(LoweredOutput(_plain(shape), _plain(strides), _plain((fixed.offset,))[0], False, at_risk))
-    raise _Lowered(outputs)
+    raise _Lowered(outputs, lowering)
 
 
 def _has_size_one_dim(shape: Sequence) -> bool:
