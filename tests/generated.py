@@ -1345,7 +1345,7 @@ def computations_left_unread(original: torch.fx.Graph, rewritten: torch.fx.Graph
 
 def _check_pushdown(specs: Sequence[ProgramSpec], program: ExportedProgram) -> Sample:
     from strideguard.decide.pushdown import graph_flops
-    from strideguard.fix.engine import Choices, Pushdowns, program_plan
+    from strideguard.fix.engine import Pushdowns, program_plan
 
     problems: list[tuple[int, str]] = []
     owners = _owners(specs)

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from torch.export import ExportedProgram
 
-from ..program.dialect import aten_op
+from ..program.dialect import GraphOps
 from ..program.exported import private_program
 
 _KNOWN_MODULES = {
@@ -167,18 +167,16 @@ def _run(custom_pass: Any, program: ExportedProgram) -> None:
     custom_pass(program if getattr(custom_pass, "requires_exported_program", False) else program.graph_module)
 
 
-def rewritten_ops(program: ExportedProgram, backend: Optional[Backend]) -> dict[str, str]:
+def rewritten_ops(program: ExportedProgram, backend: Optional[Backend], ops_of_graph: GraphOps) -> dict[str, str]:
     """Nodes of ``program`` the backend's pipeline rewrites, by name, with what does it: its custom passes
-    (run on a copy; a node whose target they change or remove) and its decomposition table. Cheap: no
-    Inductor. Empty without a backend."""
+    (run on a copy; a node whose target they change or remove) and its decomposition table (asked of
+    ``ops_of_graph``, the ops of the program's graph or a copy of it, normalised). Cheap: no Inductor. Empty
+    without a backend."""
     if backend is None or not backend.available:
         return {}
     before = {node.name: node.target for node in program.graph.nodes if node.op == "call_function"}
-    rewritten: dict[str, str] = {}
     table = backend.decomposition_table()
-    for name, target in before.items():
-        if aten_op(target) in table:
-            rewritten[name] = f"{backend.name}'s decomposition table"
+    rewritten = {node.name: f"{backend.name}'s decomposition table" for node, op in ops_of_graph.aten.items() if op in table}
     passes = backend.custom_passes()
     if passes:
         converted = private_program(program)
@@ -207,8 +205,12 @@ class BackendRewrites:
     unavailable: Optional[str]
 
 
-def backend_rewrites(program: ExportedProgram, backend: Optional[Backend]) -> Optional[BackendRewrites]:
+def backend_rewrites(
+    program: ExportedProgram, backend: Optional[Backend], ops_of_graph: GraphOps
+) -> Optional[BackendRewrites]:
+    """What ``backend``'s own pipeline does to ``program`` (``ops_of_graph``: its graph's ops, normalised)."""
     if backend is None:
         return None
-    return BackendRewrites(rewritten_ops(program, backend), unavailable_note(backend))
+    note = unavailable_note(backend)
+    return BackendRewrites(rewritten_ops(program, backend, ops_of_graph), note)
 

@@ -29,7 +29,6 @@ from ..program.copies import copied_source
 from ..program.dialect import Dialect
 from ..program.exported import output_values, PUSHED_DOWN, UserOutput
 from ..program.fake_values import storage_key
-from ..program.naming import source_line
 from ..program.ops import is_higher_order, is_view_op, op_name
 from ..program.reports import (
     Action,
@@ -121,13 +120,13 @@ def _control_flow_base(node: Node) -> bool:
     return node.target is operator.getitem and isinstance(node.args[0], Node) and is_higher_order(node.args[0].target)
 
 
-def _non_tensor_facts(out: UserOutput, value: Any, node: Optional[Node], name: str) -> OutputFacts:
+def _non_tensor_facts(out: UserOutput, value: Any, node: Optional[Node], name: str, line: Optional[str]) -> OutputFacts:
     traced = meta_value(node) if node is not None else value
     kinds = {torch.SymInt: OutputKind.SYMINT, torch.SymFloat: OutputKind.SYMFLOAT, torch.SymBool: OutputKind.SYMBOOL,
              bool: OutputKind.BOOL, int: OutputKind.INT, float: OutputKind.FLOAT, type(None): OutputKind.NONE}
     kind = next((k for t, k in kinds.items() if isinstance(traced, t)), OutputKind.OTHER)
     record = OutputLayout(
-        index=out.index, name=name, kind=kind, node=node.name if node is not None else None, source_line=source_line(node)
+        index=out.index, name=name, kind=kind, node=node.name if node is not None else None, source_line=line
     )
     return OutputFacts(out, node, (), None, None, record)
 
@@ -144,6 +143,7 @@ class OutputAnalysis:
         self.returned = output_values(graph)
         self.outputs = subject.outputs
         self.names = subject.names
+        self.lines = subject.lines
         self.memory_owners: dict[Any, list[Alias]] = {}
         for node in graph.find_nodes(op="placeholder"):
             key = storage_key(compilation.values(node))
@@ -166,7 +166,7 @@ class OutputAnalysis:
         node = value if isinstance(value, Node) else None
         tensor = self.compilation.values(node) if node is not None else None
         if not isinstance(tensor, torch.Tensor):
-            return _non_tensor_facts(out, value, node, self.names[out.index])
+            return _non_tensor_facts(out, value, node, self.names[out.index], self.lines[out.index])
 
         chain, base = self._view_chain(node)
         base_role = self.roles.get(base.name) if base.op == "placeholder" else None
@@ -217,7 +217,7 @@ class OutputAnalysis:
             view_of=self._source_name(base) if chain else None,
             cause=cause,
             node=node.name,
-            source_line=source_line(node),
+            source_line=self.lines[out.index],
             copy_of=copy_of,
         )
         return OutputFacts(out, node, tuple(chain), base, tuple(target_order), record, tensor)

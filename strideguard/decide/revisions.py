@@ -13,8 +13,9 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from .facts import judged_layout, OutputFacts
 from ..program import density
 from ..program.fake_values import storage_key
-from ..program.promises import KEEP, promised_dim_order
+from ..program.promises import KEEP
 from ..program.reports import Action, Alias, AliasKind, Reason
+from .subject import Subject
 
 if TYPE_CHECKING:
     from ..compiler.oracle.lowering import Lowering
@@ -160,16 +161,16 @@ def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
     return result
 
 
-def as_asked(
-    facts: list[OutputFacts], requested: Mapping[int, Any], edge: bool, from_file: frozenset = frozenset()
-) -> list[OutputFacts]:
-    """``facts`` with what the user asked (``requested``, by index): an output to keep (``program.promises.KEEP``) is
-    left as the compiler lays it out, never copied, and reported so; in an Edge program, an output asked in
-    another dim order than the program promises is copied into it, which makes the program promise it
-    (ExecuTorch's runtime holds the output to the promise)."""
+def as_asked(facts: list[OutputFacts], subject: Subject) -> list[OutputFacts]:
+    """``facts`` with what was asked of the subject's outputs (``Subject.requested``, by index): an output to keep
+    (``program.promises.KEEP``) is left as the compiler lays it out, never copied, and reported so; in an Edge
+    program, an output asked in another dim order than the program promises is copied into it, which makes
+    the program promise it (ExecuTorch's runtime holds the output to the promise)."""
+    from_file, edge = subject.from_file, subject.dialect.is_edge
     revised = []
     for fact in facts:
-        wanted = requested.get(fact.reported.index)
+        index = fact.reported.index
+        wanted = subject.requested.get(index)
         if wanted is None or fact.reported.kind != "tensor":
             revised.append(fact)
         elif wanted == KEEP:
@@ -178,8 +179,8 @@ def as_asked(
                 fact.reported, action=Action.NONE, reason=Reason.KEPT_BY_FILE if fact.reported.index in from_file else Reason.KEPT,
                 explanation=f"kept as the compiler lays it out, {asker} ({fact.reported.explanation})",
             )))
-        elif edge and not fact.copied and fact.node is not None and promised_dim_order(fact.node) != tuple(wanted):
-            promised = list(promised_dim_order(fact.node))
+        elif edge and not fact.copied and fact.node is not None and subject.promised[index] != tuple(wanted):
+            promised = list(subject.promised[index])
             revised.append(replace(fact, reported=replace(
                 fact.reported, action=Action.COPY, reason=Reason.PROMISE_CHANGED,
                 explanation=f"the program promises dim order {promised}: copied into {list(wanted)}, as asked, "

@@ -22,7 +22,7 @@ no layout asked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -35,8 +35,8 @@ from ..program.dialect import Dialect, dialect_of
 from ..program.exported import (
     output_values, placeholder_roles, require_exported_program, user_outputs, UserOutput, verifier_accepts,
 )
-from ..program.naming import output_names, positional_names
-from ..program.promises import requested_layouts, target_orders_of
+from ..program.naming import output_names, positional_names, source_line
+from ..program.promises import held_to
 from ..program.reports import Alias
 from .user_layouts import resolve_layouts
 
@@ -59,18 +59,19 @@ class Subject:
     """Each user output's traced value, by index: its fake tensor, or what the program returns in its place."""
     names: tuple[str, ...]
     """Each user output's name, by index (``program.naming.output_names``)."""
-    roles: Mapping[str, Alias] = field(default_factory=dict)
+    lines: tuple[Optional[str], ...]
+    """Each user output's line in the user's code, by index (``program.naming.source_line``)."""
+    roles: Mapping[str, Alias]
     """What each placeholder is, by name: a user input, a parameter, a buffer or a constant."""
-    layouts: Mapping[int, Any] = field(default_factory=dict)
+    layouts: Mapping[int, Any]
     """The layouts the user asked of this call, by user output index: a dim order or ``program.promises.KEEP``."""
-    requested: Mapping[int, Any] = field(default_factory=dict)
-    """Every layout asked of an output: those the program records (``program.promises.LAYOUT_TAG``), under
-    ``layouts``."""
-    from_file: frozenset[int] = frozenset()
-    """The outputs whose request only the program records (none asked of this call)."""
-    target_orders: tuple[Optional[tuple[int, ...]], ...] = ()
-    """Each user output's target dim order (``None``: not a tensor): ``requested``, else contiguous (ATen) or
-    the dim order the program promises (Edge)."""
+    # What the outputs are held to, by index, as ``program.promises.HeldTo`` says: every layout requested (the
+    # program's records under ``layouts``), those only the program records, the dim orders the program promises
+    # whatever is asked, and each output's target dim order (``None``: not a tensor).
+    requested: Mapping[int, Any]
+    from_file: frozenset[int]
+    promised: tuple[Optional[tuple[int, ...]], ...]
+    target_orders: tuple[Optional[tuple[int, ...]], ...]
     accepts: Optional[Callable[[Any], bool]] = None
     """Whether the program's verifier admits an op (``program.exported.verifier_accepts``): Edge programs only,
     whose verifier may refuse a view; ``None`` where nothing is refused."""
@@ -82,9 +83,12 @@ class Subject:
         """A bare graph's subject (``signature``: the one it implies): positional names, the CPU, no backend, no
         layout asked beyond those the graph records."""
         outputs = tuple(user_outputs(signature))
+        returned = [output_values(graph)[out.position] for out in outputs]
+        held = held_to(graph, outputs, dialect)
         return cls(
-            None, function, dialect, CPU, None, outputs, _values(graph, outputs), tuple(positional_names(len(outputs))),
-            **_held_to(graph, outputs, dialect, {}), roles=placeholder_roles(signature),
+            None, function, dialect, CPU, None, outputs, tuple(map(_value, returned)), tuple(positional_names(len(outputs))),
+            tuple(map(source_line, returned)), placeholder_roles(signature), {}, held.requested, held.from_file,
+            held.promised, held.target_orders,
         )
 
 
@@ -102,11 +106,13 @@ def subject_of(
     ``decide.user_layouts.resolve_layouts``. Raises the entry point's own ``TypeError`` or ``ValueError``,
     naming ``function``, for anything it cannot use."""
     program = require_exported_program(program, function)
-    outputs, roles = tuple(user_outputs(program.graph_signature)), placeholder_roles(program.graph_signature)
-    values = _values(program.graph, outputs)
-    accepts = verifier_accepts(program)
+    signature = program.graph_signature
+    outputs, roles, accepts = tuple(user_outputs(signature)), placeholder_roles(signature), verifier_accepts(program)
+    all_returned = output_values(program.graph)
+    returned = [all_returned[out.position] for out in outputs]
+    values = tuple(map(_value, returned))
     dialect = dialect_of(program)
-    names = tuple(output_names(program, len(outputs)))
+    names, lines = tuple(output_names(program, len(outputs))), tuple(map(source_line, returned))
     resolved = backend if isinstance(backend, Backend) else resolve_backend(backend, function=function)
     if resolved is not None and not dialect.is_edge:
         raise ValueError(
@@ -114,28 +120,14 @@ def subject_of(
             "this is an ATen program"
         )
     asked = resolve_layouts(layouts, function, names=names, values=values, dialect=dialect)
+    target = target_for(program, device, resolved, function)
+    held = held_to(program.graph, outputs, dialect, asked)
     return Subject(
-        program, function, dialect, target_for(program, device, resolved, function), resolved, outputs, values, names,
-        roles=roles, layouts=asked, **_held_to(program.graph, outputs, dialect, asked),
-        accepts=accepts if dialect.is_edge else None,
+        program, function, dialect, target, resolved, outputs, values, names, lines, roles, asked, held.requested,
+        held.from_file, held.promised, held.target_orders, accepts if dialect.is_edge else None,
     )
 
 
-def _values(graph: torch.fx.Graph, outputs: tuple[UserOutput, ...]) -> tuple[Any, ...]:
-    returned = output_values(graph)
-    return tuple(
-        returned[out.position].meta.get("val") if isinstance(returned[out.position], torch.fx.Node) else returned[out.position]
-        for out in outputs
-    )
-
-
-def _held_to(graph: torch.fx.Graph, outputs: tuple[UserOutput, ...], dialect: Dialect, asked: Mapping[int, Any]) -> dict:
-    """What each output is held to: the layouts ``graph`` records under those ``asked``, and the dim orders they
-    make."""
-    recorded = requested_layouts(graph, outputs)
-    requested = {**recorded, **asked}
-    return {
-        "requested": requested,
-        "from_file": frozenset(index for index in recorded if index not in asked),
-        "target_orders": target_orders_of(graph, outputs, dialect, requested),
-    }
+def _value(returned: Any) -> Any:
+    """What a user output is traced as: a node's fake value, or the constant returned in its place."""
+    return returned.meta.get("val") if isinstance(returned, torch.fx.Node) else returned

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Callable, Mapping, Optional
 
@@ -39,7 +39,7 @@ from torch.export.graph_signature import ExportGraphSignature
 from ..compiler.oracle.attention_kernels import laid_out_by_kernel
 from ..compiler.oracle.padded_matmuls import laid_out_by_benchmark
 from ..compiler.backends import backend_rewrites, BackendRewrites
-from ..compiler.oracle.lowering import executorch_view_pass, lower_edge_outputs, lower_outputs, Lowering
+from ..compiler.oracle.lowering import executorch_view_pass, lower_aten_outputs, lower_edge_outputs, Lowering
 from ..decide.facts import analyze_outputs, OutputFacts
 from ..decide.pushdown import plan_pushdowns, Pushdown
 from ..decide.revisions import as_asked, break_shared_memory, exact_facts, left_to_backend, left_to_benchmark
@@ -185,7 +185,7 @@ def make_plan(
         facts = left_to_backend(facts, graph, rewrites.rewritten, rewrites.unavailable)
     if lowering is None and grounds.padded_by_benchmark:
         facts = left_to_benchmark(facts, grounds.padded_by_benchmark)
-    facts = as_asked(facts, subject.requested, dialect.is_edge, subject.from_file)
+    facts = as_asked(facts, subject)
     if not choices.copy_outputs:
         facts = [fact.uncopied() for fact in facts]
     if described:
@@ -271,7 +271,22 @@ def lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: A
     """Inductor's lowering of ``program`` (the subject's program, or one made from it) for the subject's
     target, as its compile runs it (``AsCompiled``)."""
     lowering = _lower_as_compiled(program, subject, as_compiled)
-    _require_the_subjects_outputs(lowering, subject)
+    # A lowering whose outputs cannot be the subject's (another count, a tensor of another rank or another
+    # static size) is refused: its strides would be judged against other outputs' layouts.
+    if len(lowering.outputs) != len(subject.outputs):
+        raise RuntimeError(
+            f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(subject.outputs)} "
+            "user outputs"
+        )
+    for index, (lowered, value) in enumerate(zip(lowering.outputs, subject.values)):
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+        if lowered is not None and shape is not None and (len(lowered.shape) != len(shape) or any(
+            type(got) is int and type(wanted) is int and got != wanted for got, wanted in zip(lowered.shape, shape)
+        )):
+            raise RuntimeError(
+                f"strideguard: Inductor's lowering returned shape {list(lowered.shape)} for output {index} "
+                f"({subject.names[index]}), whose shape is {list(shape)}: not this program's outputs"
+            )
     logger.info(
         "lowered %d outputs with Inductor for %s in %.2f s%s", len(lowering.outputs), lowering.target, lowering.seconds,
         f" ({lowering.backend}'s passes: {lowering.unavailable})" if lowering.unavailable else "",
@@ -279,31 +294,10 @@ def lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: A
     return lowering
 
 
-def _require_the_subjects_outputs(lowering: Lowering, subject: Subject) -> None:
-    """A lowering whose outputs cannot be the subject's (another count, a tensor of another rank or another
-    static size) is refused: its strides would be judged against other outputs' layouts."""
-    if len(lowering.outputs) != len(subject.outputs):
-        raise RuntimeError(
-            f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(subject.outputs)} "
-            "user outputs"
-        )
-    for index, (lowered, value) in enumerate(zip(lowering.outputs, subject.values)):
-        if lowered is None or not isinstance(value, torch.Tensor):
-            continue
-        shape = tuple(value.shape)
-        if len(lowered.shape) != len(shape) or any(
-            type(got) is int and type(wanted) is int and got != wanted for got, wanted in zip(lowered.shape, shape)
-        ):
-            raise RuntimeError(
-                f"strideguard: Inductor's lowering returned shape {list(lowered.shape)} for output {index} "
-                f"({subject.names[index]}), whose shape is {list(shape)}: not this program's outputs"
-            )
-
-
 def _lower_as_compiled(program: ExportedProgram, subject: Subject, as_compiled: AsCompiled) -> Lowering:
     backend, target, policy = subject.backend, subject.target, as_compiled.policy
     if not subject.dialect.is_edge:
-        return lower_outputs(program, inductor_configs=as_compiled.inductor_configs, target=target)
+        return lower_aten_outputs(program, inductor_configs=as_compiled.inductor_configs, target=target)
     if policy is EXECUTORCH:
         return lower_edge_outputs(program, backend=backend, target=target)
     if policy is NO_CONVERSION:
@@ -355,7 +349,7 @@ def _plan(
     elif as_compiled is None:
         # Without a lowering, the nodes the backend's own passes rewrite, and those whose layout the device's
         # kernel choice decides, are copied in a form that holds.
-        known = backend_rewrites(program, subject.backend) if dialect.is_edge else None
+        known = backend_rewrites(program, subject.backend, ops_of_graph) if dialect.is_edge else None
         by_kernel = laid_out_by_kernel(ops_of_graph, target)
         if by_kernel:
             known = known or BackendRewrites({}, None)

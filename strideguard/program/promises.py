@@ -9,6 +9,7 @@ to leave an output as the compiler lays it out.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -100,27 +101,46 @@ def target_dim_orders(program: ExportedProgram) -> tuple[Optional[tuple[int, ...
     (``LAYOUT_TAG``), else contiguous in an ATen program and the promised dim order in an Edge one;
     ``None`` for an output that is not a tensor. An output the user asked to keep has its default target
     here (``kept_outputs`` says which those are)."""
-    return target_orders_of(program.graph, user_outputs(program.graph_signature), dialect_of(program))
+    return held_to(program.graph, user_outputs(program.graph_signature), dialect_of(program)).target_orders
 
 
-def target_orders_of(
-    graph: torch.fx.Graph, outputs: Sequence[UserOutput], dialect: Dialect, asked: Optional[Mapping[int, Any]] = None
-) -> tuple:
-    """``target_dim_orders`` for a graph and its user ``outputs``; ``asked`` (user output index -> dim order or
-    ``"keep"``) is what was asked of them, by default what the graph records (``requested_layouts``)."""
-    asked = asked if asked is not None else requested_layouts(graph, outputs)
+@dataclass(frozen=True)
+class HeldTo:
+    """What a graph's user outputs are held to, by user output index."""
+
+    requested: Mapping[int, Any]
+    """Every layout asked of an output (a dim order or ``KEEP``): those the graph records, under those asked now."""
+    from_file: frozenset[int]
+    """The outputs whose request only the graph records."""
+    promised: tuple[Optional[tuple[int, ...]], ...]
+    """The dim order the program promises for each (``None``: not a tensor), whatever is asked: contiguous in
+    an ATen program, that of its metadata in an Edge one (``promised_dim_order``)."""
+    target_orders: tuple[Optional[tuple[int, ...]], ...]
+    """Each one's target dim order: the one requested, else the one promised."""
+
+
+def held_to(
+    graph: torch.fx.Graph, outputs: Sequence[UserOutput], dialect: Dialect, asked: Mapping[int, Any] = {}
+) -> HeldTo:
+    """What ``graph``'s user ``outputs`` are held to in ``dialect``, with the layouts ``asked`` now (by index: a dim
+    order or ``KEEP``) over those the graph records (``requested_layouts``)."""
+    recorded = requested_layouts(graph, outputs)
+    requested = {**recorded, **asked}
     returned = output_values(graph)
-    orders = []
+    promised = []
     for out in outputs:
         node = returned[out.position]
         value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if not isinstance(value, torch.Tensor):
-            orders.append(None)
-        elif isinstance(asked.get(out.index), tuple) and len(asked[out.index]) == value.dim():
-            orders.append(asked[out.index])
+            promised.append(None)
         else:
-            orders.append(promised_dim_order(node) if dialect.is_edge else tuple(range(value.dim())))
-    return tuple(orders)
+            promised.append(promised_dim_order(node) if dialect.is_edge else tuple(range(value.dim())))
+    targets = tuple(
+        requested[index] if order is not None and isinstance(requested.get(index), tuple) and len(requested[index]) == len(order)
+        else order
+        for index, order in enumerate(promised)
+    )
+    return HeldTo(requested, frozenset(i for i in recorded if i not in asked), tuple(promised), targets)
 
 
 def kept_outputs(program: ExportedProgram) -> frozenset[int]:

@@ -35,7 +35,6 @@ from ..fix.engine import AsCompiled, Choices, lower_as_compiled, transformed, wi
 from ..program import density
 from ..program.copies import copy_form_of, CopyForm, stronger_form
 from ..program.exported import output_values
-from ..program.naming import source_line
 from ..program.promises import KEEP
 
 logger = logging.getLogger(__name__)
@@ -226,7 +225,7 @@ def _proof(subject: Subject, judged: list[Judged], rounds, seconds, strengthened
     return Proof(
         rounds, seconds, tuple(strengthened), backend, tuple(unproven), str(subject.target), why, subject.names,
         tuple(output.index for output in judged if output.copy_form is not None),
-        tuple(source_line(output.node) for output in judged),
+        subject.lines,
     )
 
 

@@ -20,7 +20,7 @@ from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 
-from ..compiler.oracle.lowering import lower_outputs
+from ..compiler.oracle.lowering import lower_aten_outputs
 from ..decide.subject import Subject, subject_of
 from ..decide.view_conversion import EXECUTORCH
 from ..fix.engine import program_plan
@@ -28,7 +28,7 @@ from .isolation import DEFAULT_SECONDS, Limits, run_isolated
 from ..program import density
 from ..program.dialect import Dialect, dialect_of
 from ..program.exported import output_values, require_exported_program, user_outputs, was_pushed_down
-from ..program.naming import output_names, source_line
+from ..program.naming import output_names
 from ..program.promises import KEEP
 from ..program.quiet import quietly
 from ..program.reports import Alias, AliasKind, memory_group_peer, OutputCheck, OutputKind, VerifyReport
@@ -131,7 +131,7 @@ def expectations(subject: Subject, compiled: Subject) -> Expectations:
     and lowering of the ATen program AOTInductor compiles for it (``compiled``: the subject itself, or a
     program of its own)."""
     predicted = [fact.reported for fact in program_plan(compiled, EXECUTORCH).outputs]
-    lowering = lower_outputs(compiled.program)
+    lowering = lower_aten_outputs(compiled.program)
     return Expectations(
         subject,
         predicted=tuple(o.strides if o.kind == "tensor" and o.in_target_layout is not None else None for o in predicted),
@@ -489,11 +489,9 @@ def _check_outputs(
     def at(values: tuple, index: int) -> Optional[tuple]:
         return _concrete(values[index], sizes) if index < len(values) else None
 
-    returned = output_values(program.graph)
-    lines = [source_line(returned[out.position]) for out in specs]
     return tuple(
         _check_one(out, value, reference, input_storages, output_storages, OutputExpectation(
-            name=subject.names[out.index], kept=subject.requested.get(out.index) == KEEP, line=lines[out.index],
+            name=subject.names[out.index], kept=subject.requested.get(out.index) == KEEP, line=subject.lines[out.index],
             target_order=subject.target_orders[out.index],
             predicted=at(expected.predicted, out.index),
             lowered=at(expected.lowered, out.index),

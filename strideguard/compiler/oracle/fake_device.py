@@ -68,7 +68,6 @@ import inspect
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
-import inspect
 
 import torch
 from torch.fx import GraphModule

@@ -155,6 +155,17 @@ def lower_outputs(
     """
     if dialect_of(program).is_edge:
         raise ValueError("strideguard: lower_outputs takes an ATen program; use lower_edge_outputs for Edge")
+    return lower_aten_outputs(program, example_inputs, inductor_configs=inductor_configs, target=target)
+
+
+def lower_aten_outputs(
+    program: ExportedProgram,
+    example_inputs: Optional[Any] = None,
+    *,
+    inductor_configs: Optional[dict] = None,
+    target: Target = CPU,
+) -> Lowering:
+    """``lower_outputs`` for a caller that knows ``program`` is ATen (its dialect read once, elsewhere)."""
     # For another device the inputs are the program's own fake values, moved there (``compiler.oracle.fake_device.on_target``).
     args, kwargs = _inputs(program, example_inputs) if target.is_cpu else ((), {})
     module = program.module(check_guards=False)
