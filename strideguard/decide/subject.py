@@ -82,8 +82,8 @@ class Subject:
     ) -> "Subject":
         """A bare graph's subject (``signature``: the one it implies): positional names, the CPU, no backend, no
         layout asked beyond those the graph records."""
-        outputs = tuple(user_outputs(signature))
-        returned = [output_values(graph)[out.position] for out in outputs]
+        outputs, all_returned = tuple(user_outputs(signature)), output_values(graph)
+        returned = [all_returned[out.position] for out in outputs]
         held = held_to(graph, outputs, dialect)
         return cls(
             None, function, dialect, CPU, None, outputs, tuple(map(_value, returned)), tuple(positional_names(len(outputs))),
