@@ -34,10 +34,10 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from .compiler.backends import resolve_backend, unavailable_note
 from .compiler.targets import resolve_target
-from .decide.subject import subject_of
+from .decide.subject import Subject, subject_of
 from .decide.view_conversion import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
 from .fix.engine import AsCompiled, Choices, fix_graph_in_place, Pushdowns, transformed
-from .program.dialect import dialect_of, dialect_of_graph
+from .program.dialect import dialect_of_graph
 from .program.exported import lazy_graph_module, output_values, require_flag, signature_following_graph
 from .program.quiet import quietly
 from .prove.proof import fixed_and_proven, Proof
@@ -136,6 +136,9 @@ class DenseOutputsPass(ExportedProgramPassBase):
         return ExportedProgramPassResult(program if changed else exported_program, changed)
 
 
+_DROP_IN = "executorch.ReplaceViewCopyWithViewPass"
+
+
 class ReplaceViewCopyWithViewPass:
     """Drop-in for ExecuTorch's AOTI ``ReplaceViewCopyWithViewPass``: more views, dense outputs.
 
@@ -143,7 +146,8 @@ class ReplaceViewCopyWithViewPass:
     ``PassResult``, as ExecuTorch's pass does. Because it sets
     ``requires_exported_program``, ``AotiBackend.preprocess`` hands it the whole
     program when it is one of the backend's custom passes: it then also knows
-    which outputs are the user's (never a buffer mutation) and keeps the graph
+    which outputs are the user's (never a buffer mutation), names them in the
+    user's words (``decide.subject.subject_of``), and keeps the graph
     signature naming the nodes the graph returns; and as ``preprocess`` builds
     a new module from the program before Inductor traces it, the program's
     module generates its Python code only when something asks for it. Like
@@ -158,13 +162,14 @@ class ReplaceViewCopyWithViewPass:
 
     def __call__(self, target: Any) -> PassResult:
         if isinstance(target, ExportedProgram):
+            # the whole program: its outputs named in the user's words
             graph_module, signature = target.graph_module, target.graph_signature
-            dialect = dialect_of(target)
+            subject = subject_of(target, _DROP_IN)
         else:
             graph_module, signature = target, _all_outputs_are_the_users(target.graph)
-            dialect = dialect_of_graph(target.graph)
+            subject = Subject.of_graph(target.graph, signature, dialect_of_graph(target.graph), _DROP_IN)
         changed = fix_graph_in_place(
-            graph_module.graph, signature, dialect, STRIDEGUARD, copy_outputs=self.copy_outputs, update_values=False
+            graph_module.graph, subject, STRIDEGUARD, copy_outputs=self.copy_outputs, update_values=False
         )
         if not changed:
             return PassResult(graph_module, False)

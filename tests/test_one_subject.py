@@ -174,3 +174,25 @@ def test_a_lowering_of_other_outputs_is_refused_not_judged(two_heads, monkeypatc
             strideguard.densify_outputs(two_heads, exact=True)
     monkeypatch.setattr(engine, "_lower_as_compiled", lambda *_: Lowering((first, rest), 0.0))
     assert engine.lower_as_compiled(two_heads, subject).outputs == (first, rest)
+
+
+def test_the_drop_in_handed_a_program_speaks_of_its_outputs_by_name(caplog):
+    """``AotiBackend.preprocess`` hands the drop-in the whole program: its decisions name each output as the
+    user's code does; handed a bare graph module, it can only number them."""
+    pytest.importorskip("executorch")
+    import copy
+    import logging
+
+    from strideguard.executorch import ReplaceViewCopyWithViewPass
+    from strideguard.testing.executorch_cpu import aoti_edge_program
+
+    edge = aoti_edge_program(torch.export.export(TwoHeads().eval(), (torch.randn(4, 8),)))
+    decided = {}
+    for handed in ("program", "graph module"):
+        program = copy.copy(edge)
+        program._graph_module = copy.deepcopy(edge.graph_module)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="strideguard"):
+            ReplaceViewCopyWithViewPass()(program if handed == "program" else program.graph_module)
+        decided[handed] = sorted(m.split(":")[0] for m in caplog.messages if m.endswith(")") and ": " in m)
+    assert decided == {"program": ["first", "rest"], "graph module": ["[0]", "[1]"]}, decided

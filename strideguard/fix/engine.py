@@ -34,7 +34,6 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import ExportGraphSignature
 
 from ..compiler.oracle.attention_kernels import laid_out_by_kernel
 from ..compiler.oracle.padded_matmuls import laid_out_by_benchmark
@@ -252,16 +251,15 @@ def apply_plan(plan: Plan) -> int:
 
 def fix_graph_in_place(
     graph: torch.fx.Graph,
-    signature: ExportGraphSignature,
-    dialect: Dialect,
+    subject: Subject,
     policy: ConversionPolicy,
     *,
     copy_outputs: bool = True,
     update_values: bool = True,
 ) -> int:
-    """Plan and apply on ``graph`` itself (no pushdown, which would need a working copy): for a pass that
-    rewrites the graph module it is handed, as ExecuTorch's passes do. Returns how many nodes changed."""
-    subject = Subject.of_graph(graph, signature, dialect, "executorch.ReplaceViewCopyWithViewPass")
+    """Plan and apply on ``graph`` itself, the subject's program's or a bare graph's (``Subject.of_graph``), with
+    no pushdown, which would need a working copy: for a pass that rewrites the graph module it is handed, as
+    ExecuTorch's passes do. Returns how many nodes changed."""
     choices = Choices(copy_outputs=copy_outputs, update_values=update_values)
     with without_garbage_collection():
         return apply_plan(make_plan(graph, subject, policy, choices))
