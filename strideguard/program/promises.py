@@ -100,7 +100,7 @@ def target_dim_orders(program: ExportedProgram) -> tuple[Optional[tuple[int, ...
     """Each user output's target layout: the one the user asked for and the program records
     (``LAYOUT_TAG``), else contiguous in an ATen program and the promised dim order in an Edge one;
     ``None`` for an output that is not a tensor. An output the user asked to keep has its default target
-    here (``kept_outputs`` says which those are)."""
+    here (``requested_layouts`` says which those are)."""
     return held_to(program.graph, user_outputs(program.graph_signature), dialect_of(program)).target_orders
 
 
@@ -120,10 +120,11 @@ class HeldTo:
 
 
 def held_to(
-    graph: torch.fx.Graph, outputs: Sequence[UserOutput], dialect: Dialect, asked: Mapping[int, Any] = {}
+    graph: torch.fx.Graph, outputs: Sequence[UserOutput], dialect: Dialect, asked: Optional[Mapping[int, Any]] = None
 ) -> HeldTo:
     """What ``graph``'s user ``outputs`` are held to in ``dialect``, with the layouts ``asked`` now (by index: a dim
     order or ``KEEP``) over those the graph records (``requested_layouts``)."""
+    asked = asked or {}
     recorded = requested_layouts(graph, outputs)
     requested = {**recorded, **asked}
     returned = output_values(graph)
@@ -141,9 +142,3 @@ def held_to(
         for index, order in enumerate(promised)
     )
     return HeldTo(requested, frozenset(i for i in recorded if i not in asked), tuple(promised), targets)
-
-
-def kept_outputs(program: ExportedProgram) -> frozenset[int]:
-    """The user outputs the user asked to keep as the compiler lays them out (``KEEP``)."""
-    asked = requested_layouts(program.graph, user_outputs(program.graph_signature))
-    return frozenset(i for i, wanted in asked.items() if wanted == KEEP)

@@ -85,7 +85,7 @@ def aoti_program(program: ExportedProgram, device: str = "cpu", *, dialect: Opti
     AOTInductor compiles ATen programs, for the device their tensors are on.
     Its dynamic dimensions are then specialized to the example inputs.
     """
-    if not (dialect or dialect_of(program)).is_edge and device == "cpu":
+    if not (dialect if dialect is not None else dialect_of(program)).is_edge and device == "cpu":
         return program
     if program.example_inputs is None:
         raise ValueError("strideguard: recompiling this program needs its stored example inputs")
