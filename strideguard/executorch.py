@@ -35,7 +35,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from .compiler.backends import resolve_backend, unavailable_note
 from .compiler.targets import resolve_target
 from .decide.subject import Subject, subject_of
-from .decide.view_conversion import EXECUTORCH, STRIDEGUARD, view_copies_left_out_of_layout
+from .decide.view_conversion import DROP_IN, EXECUTORCH, view_copies_left_out_of_layout
 from .fix.engine import AsCompiled, Choices, fix_graph_in_place, Pushdowns, transformed
 from .program.dialect import dialect_of_graph
 from .program.exported import lazy_graph_module, output_values, require_flag, signature_following_graph
@@ -169,7 +169,7 @@ class ReplaceViewCopyWithViewPass:
             graph_module, signature = target, _all_outputs_are_the_users(target.graph)
             subject = Subject.of_graph(target.graph, signature, dialect_of_graph(target.graph), _DROP_IN)
         changed = fix_graph_in_place(
-            graph_module.graph, subject, STRIDEGUARD, copy_outputs=self.copy_outputs, update_values=False
+            graph_module.graph, subject, DROP_IN, copy_outputs=self.copy_outputs, update_values=False
         )
         if not changed:
             return PassResult(graph_module, False)

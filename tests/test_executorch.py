@@ -383,3 +383,49 @@ def test_the_drop_in_leaves_a_well_formed_graph_that_computes_the_same_values(ex
         found = program.module()(*inputs)
     for index, (value, reference) in enumerate(zip(found, expected)):
         assert torch.equal(value, reference), f"output {index}"
+
+
+class ConvOfChannelsLastSlice(torch.nn.Module):
+    """A slice of a channels-last input feeding a convolution (the generated tests' finding): as a view it
+    reaches the convolution with gaps, and the convolution rounds otherwise than of its dense copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 3, 1)
+
+    def forward(self, x):
+        return self.conv(x[:, :, 1:5]), x[:, :, 1:5] * 2
+
+
+@pytest.mark.parametrize("export, converts_more, prepare_keeps", [
+    (lambda: torch.export.export(
+        ConvOfChannelsLastSlice().eval(), (torch.randn(3, 4, 6, 2).to(memory_format=torch.channels_last),)
+    ), False, True),
+    (lambda: export_view_heavy(200), True, False),
+], ids=["conv-of-channels-last-slice", "view-heavy"])
+def test_the_drop_in_converts_everything_executorchs_pass_converts(export, converts_more, prepare_keeps):
+    """Standing in for ExecuTorch's view pass, the drop-in makes every conversion that pass makes, as it makes
+    it, and more where there is more; ``prepare_for_aoti``, whose program is handed back (and converted by
+    that pass later, in ``preprocess``), converts one early only where compute reads the view as it read the
+    copy: not the slice a convolution reads with gaps."""
+    from executorch.backends.aoti.passes.replace_view_copy_with_view import ReplaceViewCopyWithViewPass as ExecuTorchPass
+    from strideguard.testing.executorch_cpu import aoti_edge_program
+
+    edge = aoti_edge_program(export())
+    original = {node.name: node.target for node in edge.graph.nodes}
+    by_executorch = copy.deepcopy(edge.graph_module)
+    ExecuTorchPass()(by_executorch)
+    converted = {node.name: node.target for node in by_executorch.graph.nodes if node.target != original.get(node.name)}
+    assert converted, "ExecuTorch's pass converted nothing: nothing to compare"
+
+    program = copy.copy(edge)
+    program._graph_module = copy.deepcopy(edge.graph_module)
+    ReplaceViewCopyWithViewPass()(program)
+    by_drop_in = {node.name: node.target for node in program.graph.nodes}
+    assert {name: by_drop_in.get(name) for name in converted} == converted
+    more = [name for name, target in by_drop_in.items() if target != original.get(name, target) and name not in converted]
+    assert bool(more) == converts_more, more
+
+    prepared = {node.name: node.target for node in strideguard.prepare_for_aoti(edge).graph.nodes}
+    kept = [name for name in converted if prepared.get(name) == original[name]]
+    assert bool(kept) == prepare_keeps, kept

@@ -196,3 +196,29 @@ def test_the_drop_in_handed_a_program_speaks_of_its_outputs_by_name(caplog):
             ReplaceViewCopyWithViewPass()(program if handed == "program" else program.graph_module)
         decided[handed] = sorted(m.split(":")[0] for m in caplog.messages if m.endswith(")") and ": " in m)
     assert decided == {"program": ["first", "rest"], "graph module": ["[0]", "[1]"]}, decided
+
+
+def test_a_fixed_program_is_proven_against_the_subjects_promise(two_heads):
+    """The closed loop holds a fixed program to the subject's target orders, never to what the fixed program's
+    own metadata says of them: a fix records only what was asked, and a file or a pass may write anything
+    there. Here the fixed program records dim order (1, 0) for ``first``; the subject promises (0, 1)."""
+    from strideguard.program.exported import copy_graph, output_values, rebuild
+    from strideguard.program.promises import LAYOUT_TAG, target_dim_orders
+    from strideguard.prove.proof import judged_outputs
+
+    subject = subject_of(two_heads, "test")
+    graph = copy_graph(two_heads)
+    first = output_values(graph)[subject.outputs[0].position]
+    first.meta["custom"] = {**first.meta.get("custom", {}), LAYOUT_TAG: {"0": [1, 0]}}
+    fixed = rebuild(two_heads, graph)
+    assert target_dim_orders(fixed)[0] == (1, 0) and subject.target_orders[0] == (0, 1)
+
+    shape = tuple(subject.values[0].shape)
+    rest = LoweredOutput(tuple(subject.values[1].shape), tuple(subject.values[1].stride()), 0, False)
+    dense = LoweredOutput(shape, (shape[1], 1), 0, False)
+    transposed = LoweredOutput(shape, (1, shape[0]), 0, False)
+    judged = judged_outputs(fixed, subject, Lowering((dense, rest), 0.0))
+    assert judged[0].order == (0, 1) and not judged[0].out_of_layout
+    judged = judged_outputs(fixed, subject, Lowering((transposed, rest), 0.0))
+    assert judged[0].out_of_layout and judged[0].order == (0, 1)
+    assert "strideguard_layout" not in (two_heads.graph.output_node().args[0][0].meta.get("custom") or {})

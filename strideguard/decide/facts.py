@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, replace
-from typing import Any, Container, Mapping, Optional
+from typing import Any, Container, Mapping, Optional, TYPE_CHECKING
 
 import torch
 from torch.fx import Node
@@ -41,6 +41,9 @@ from ..program.reports import (
     Reason,
 )
 from .subject import Subject
+
+if TYPE_CHECKING:
+    from ..compiler.oracle.lowering import Lowering
 
 
 def own_op(node: Node) -> Any:
@@ -80,6 +83,8 @@ class OutputFacts:
     reported: OutputLayout
     value: Any = None
     """Its fake value as compiled (views recomputed on their bases, so it shares their storage)."""
+    memory: Any = None
+    """Which memory that value lies in (``program.fake_values.storage_key``); ``None`` for a non-tensor."""
 
     @property
     def copied(self) -> bool:
@@ -198,6 +203,7 @@ class OutputAnalysis:
         elif in_target is not True:
             cause = f"produced with strides {list(density.format_strides(strides))} by {self._source_name(base)}"
 
+        view_of = self._source_name(base) if chain else None
         in_target, reason, explanation = _verdict(compiled, base, chain, shape, target_order)
         record = OutputLayout(
             index=out.index,
@@ -214,13 +220,13 @@ class OutputAnalysis:
             target_dim_order=tuple(target_order),
             in_target_layout=in_target,
             aliases=tuple(aliases),
-            view_of=self._source_name(base) if chain else None,
+            view_of=view_of,
             cause=cause,
             node=node.name,
             source_line=self.lines[out.index],
             copy_of=copy_of,
         )
-        return OutputFacts(out, node, tuple(chain), base, tuple(target_order), record, tensor)
+        return OutputFacts(out, node, tuple(chain), base, tuple(target_order), record, tensor, key)
 
     def _view_chain(self, node: Node) -> tuple[list[Node], Node]:
         """The views ``node`` is made of, from it inward, and the node they view."""
@@ -262,7 +268,7 @@ def analyze_outputs(
     ``values`` gives each node's fake value in the compiled program (an Edge
     program's view copies made views); ``relaid`` holds the compute nodes whose layout those conversions may
     change. With ``predicts=False`` (a lowering will decide every layout) no prediction is made: each tensor
-    output is left undecided until the lowering's strides replace it (``decide.revisions.exact_facts``).
+    output is left undecided until the lowering's strides replace it (``exact_facts``).
     """
     returned = frozenset(v for v in output_values(graph) if isinstance(v, Node))
     compilation = Compilation(values, op_of, returned, relaid)
@@ -322,6 +328,57 @@ def _verdict(compiled: CompiledLayout, base: Node, chain, shape, order) -> tuple
     elif compiled.note is not None:
         explanation += f" ({compiled.note})"
     return in_target, reason, explanation
+
+
+def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFacts]:
+    """``facts`` with each tensor output's strides, and so its verdict and copy, as Inductor's lowering has them:
+    the facts of a plan made with a lowering (``analyze_outputs(predicts=False)`` leaves them undecided until here)."""
+    if len(lowering.outputs) != len(facts):
+        raise RuntimeError(
+            f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(facts)} user outputs"
+        )
+    exact = []
+    for fact, lowered in zip(facts, lowering.outputs):
+        record = fact.reported
+        if record.kind != "tensor" or lowered is None or fact.target_order is None:
+            exact.append(fact)
+            continue
+        shape, order = lowered.shape, fact.target_order
+        strides = lowered.strides
+        in_target, reason, explanation = judged_layout(shape, strides, order, viewed=bool(fact.chain), lowered=True)
+        shown = list(density.format_strides(strides))
+        if lowered.copied_by_wrapper:
+            explanation += " (its wrapper returns a copy of a weight's view)"
+        if lowered.alternatives:
+            # A choice the device makes when it compiles: undecided where it decides, strided where no choice holds.
+            others = " or ".join(str(list(density.format_strides(alternative))) for alternative in lowered.alternatives)
+            if lowered.benchmark_decides:
+                who, why = Reason.BENCHMARK_DECIDES, f"by what a benchmark on the device says ({lowering.benchmark_undecided})"
+            else:
+                who, why = Reason.KERNEL_DECIDES, f"by the kernel the device picks ({lowering.undecided})"
+            said = f"Inductor's lowering for {lowering.target} returns strides {shown} or {others} when it compiles, {why}"
+            if any(density.has_layout(shape, each, order) is True for each in lowered.every_strides):
+                in_target, reason, explanation = None, who, said
+            else:
+                explanation += f"; {said}"
+        elif lowered.kernel_memory and in_target is True:
+            in_target, reason = None, Reason.INDUCTOR_DECIDES
+            explanation = (
+                f"Inductor's lowering lays it out {shown}, but it may be computed into memory an extern kernel "
+                "allocated, whose strides in size-one dimensions are the kernel's own"
+            )
+        record = replace(
+            record,
+            strides=density.format_strides(strides),
+            contiguous=density.is_contiguous(shape, strides),
+            dense=density.is_non_overlapping_and_dense(shape, strides),
+            in_target_layout=in_target,
+            action=Action.NONE if in_target is True else Action.COPY,
+            reason=reason,
+            explanation=explanation,
+        )
+        exact.append(replace(fact, reported=record))
+    return exact
 
 
 def report(

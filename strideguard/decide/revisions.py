@@ -1,74 +1,20 @@
-"""What revises an output's facts after the graph has been read: Inductor's lowering, an AOTI backend's own
-passes, and ``break_aliases``' policy on shared memory. Each takes facts and returns new ones."""
+"""What revises an output's facts after they are decided (from the graph, or from Inductor's lowering in
+``decide.facts``): an AOTI backend's own passes, the device's benchmark, ``break_aliases``' policy on shared
+memory, and the layouts asked. Each takes facts and returns new ones."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 from torch.fx import Node
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .facts import judged_layout, OutputFacts
-from ..program import density
-from ..program.fake_values import storage_key
+from .facts import OutputFacts
 from ..program.promises import KEEP
 from ..program.reports import Action, Alias, AliasKind, Reason
 from .subject import Subject
-
-if TYPE_CHECKING:
-    from ..compiler.oracle.lowering import Lowering
-
-
-def exact_facts(facts: list[OutputFacts], lowering: "Lowering") -> list[OutputFacts]:
-    """``facts`` with each tensor output's strides, and so its verdict and copy, as Inductor's lowering has them."""
-    if len(lowering.outputs) != len(facts):
-        raise RuntimeError(
-            f"strideguard: Inductor's lowering returned {len(lowering.outputs)} outputs for {len(facts)} user outputs"
-        )
-    exact = []
-    for fact, lowered in zip(facts, lowering.outputs):
-        record = fact.reported
-        if record.kind != "tensor" or lowered is None or fact.target_order is None:
-            exact.append(fact)
-            continue
-        shape, order = lowered.shape, fact.target_order
-        strides = lowered.strides
-        in_target, reason, explanation = judged_layout(shape, strides, order, viewed=bool(fact.chain), lowered=True)
-        shown = list(density.format_strides(strides))
-        if lowered.copied_by_wrapper:
-            explanation += " (its wrapper returns a copy of a weight's view)"
-        if lowered.alternatives:
-            # A choice the device makes when it compiles: undecided where it decides, strided where no choice holds.
-            others = " or ".join(str(list(density.format_strides(alternative))) for alternative in lowered.alternatives)
-            if lowered.benchmark_decides:
-                who, why = Reason.BENCHMARK_DECIDES, f"by what a benchmark on the device says ({lowering.benchmark_undecided})"
-            else:
-                who, why = Reason.KERNEL_DECIDES, f"by the kernel the device picks ({lowering.undecided})"
-            said = f"Inductor's lowering for {lowering.target} returns strides {shown} or {others} when it compiles, {why}"
-            if any(density.has_layout(shape, each, order) is True for each in lowered.every_strides):
-                in_target, reason, explanation = None, who, said
-            else:
-                explanation += f"; {said}"
-        elif lowered.kernel_memory and in_target is True:
-            in_target, reason = None, Reason.INDUCTOR_DECIDES
-            explanation = (
-                f"Inductor's lowering lays it out {shown}, but it may be computed into memory an extern kernel "
-                "allocated, whose strides in size-one dimensions are the kernel's own"
-            )
-        record = replace(
-            record,
-            strides=density.format_strides(strides),
-            contiguous=density.is_contiguous(shape, strides),
-            dense=density.is_non_overlapping_and_dense(shape, strides),
-            in_target_layout=in_target,
-            action=Action.NONE if in_target is True else Action.COPY,
-            reason=reason,
-            explanation=explanation,
-        )
-        exact.append(replace(fact, reported=record))
-    return exact
 
 
 def left_to_backend(
@@ -147,7 +93,7 @@ def break_shared_memory(facts: list[OutputFacts]) -> list[OutputFacts]:
         if fact.copied or not record.aliases or statically_known_true(fact.value.numel() == 0):
             result.append(fact)
             continue
-        key = storage_key(fact.value)
+        key = fact.memory
         still_shared = [a for a in record.aliases if a.kind is not AliasKind.OUTPUT]
         if key in kept:
             still_shared.append(Alias(AliasKind.OUTPUT, kept[key]))

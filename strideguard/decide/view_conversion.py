@@ -34,12 +34,12 @@ from torch.fx import Node
 
 from ..compiler.predictor.relayout import RelaidNodes
 from ..program import density, ops
-from ..program.dialect import aten_op, graph_ops, GraphOps
+from ..program.dialect import graph_ops, GraphOps
 from ..program.exported import output_values
-from ..program.fake_values import call_on_fake_values, storage_key
+from ..program.fake_values import storage_key
 from ..program.ops import is_higher_order, is_view_op
 from ..program.promises import promised_dim_order
-from ..program.view_values import beside_traced, Geometries, Geometry, view_geometry, ViewValues
+from ..program.view_values import Geometries, Geometry, ViewValues
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,10 @@ class ConversionPolicy:
     """ATen ops strideguard converts besides; ``None`` for every ``*_copy`` op with a view twin."""
     careful: bool
     """Refuse layout-dependent users and returned copies that gain nothing, for the extra conversions."""
+    stands_in_for_backend: bool = False
+    """The plan is carried out in place of the backend's own view pass (the drop-in): the conversions that pass
+    makes are made as it makes them. Otherwise a careful policy converts one early only where compute would
+    read the view as it read the copy, so that the program handed back computes bit for bit as before."""
 
     def admits(self, node: Node, ops_of_graph: GraphOps) -> bool:
         op = ops_of_graph.aten.get(node)
@@ -68,6 +72,8 @@ EXECUTORCH = ConversionPolicy("executorch", backend=True, extra=frozenset(), car
 """What the installed ExecuTorch's AOTI backend converts, and nothing more."""
 STRIDEGUARD = ConversionPolicy("strideguard", backend=True, extra=None, careful=True)
 """ExecuTorch's conversions, and every other view copy where that is safe."""
+DROP_IN = ConversionPolicy("strideguard drop-in", backend=True, extra=None, careful=True, stands_in_for_backend=True)
+"""``STRIDEGUARD`` as a pass that stands in for ExecuTorch's own view pass (``strideguard.executorch``)."""
 
 
 def backend_conversions(
@@ -182,11 +188,12 @@ def plan_view_conversion(
             # Converted in preprocess whatever happens here; converting it now too, where the
             # verifier takes the view, keeps the program what the backend will compile.
             view_op = conversion.later[node]
+            checked = policy.careful and not policy.stands_in_for_backend
             if (
                 converts_more
                 and (accepts is None or accepts(view_op))
                 and not _blocks_a_later_conversion(node, conversion)
-                and not (policy.careful and _reorders_for_compute(node, conversion.view_values.geometry(node), conversion))
+                and not (checked and _reorders_for_compute(node, None, conversion))
             ):
                 conversion.targets[node] = conversion.later.pop(node)
             decided_returned_storages |= storages(pieces)
@@ -201,7 +208,7 @@ def plan_view_conversion(
             decided_returned_storages |= storages(pieces)
             continue
         view_op = ops_of_graph.twin[node]
-        candidate = _as_view(node, aten_op(view_op), conversion)
+        candidate = conversion.view_values.as_view(node, ops_of_graph.aten_twin[node])
         if candidate is None:
             continue
         if policy.careful and _reorders_for_compute(node, candidate, conversion):
@@ -247,28 +254,13 @@ def _blocks_a_later_conversion(node: Node, conversion: ViewConversion) -> bool:
     return any(source in conversion.later for source in node.all_input_nodes)
 
 
-def _as_view(node: Node, view_op: Any, conversion: ViewConversion) -> Optional[Geometries]:
-    """The geometry ``node`` would have as ``view_op`` (an ATen op); ``None`` where it cannot be a view (a
-    ``view_copy`` whose input's strides allow no view)."""
-    source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
-    base = conversion.view_values.geometry(source) if source is not None else None
-    if isinstance(base, Geometry) and base.static:
-        found = view_geometry(view_op, base, node.args[1:], node.kwargs)
-        if found is not None:
-            return found
-    try:
-        value = call_on_fake_values(view_op, node, conversion.view_values.value)
-    except RuntimeError:
-        return None
-    return [Geometry.of(v) for v in value] if isinstance(value, (list, tuple)) else Geometry.of(value)
-
-
 def _pieces_of(node: Node, candidate: Geometries, pieces: list[Node]) -> list[tuple[Node, Geometry]]:
     return [(p, candidate if p is node else candidate[p.args[1]]) for p in pieces]
 
 
 def _reorders_for_compute(node: Node, candidate: Geometries, conversion: ViewConversion) -> bool:
-    """Whether the view would hand compute its elements in another dimension order.
+    """Whether the view (``candidate``, the geometry ``node`` would take; ``None``: the one it holds, as one
+    the backend converts) would hand compute its elements in another dimension order.
 
     An elementwise op follows its input's dimension order, so its result would
     change layout where the analysis does not look; a matmul on a transposed
@@ -278,19 +270,16 @@ def _reorders_for_compute(node: Node, candidate: Geometries, conversion: ViewCon
     with the same strides as the copy (another alignment). Such a copy stays
     a copy: it is the one layout change the program asked for.
     """
-    pairs = [(g, strides) for g, strides in beside_traced(candidate, node.meta.get("val"))
-             if not density.same_sizes(g.strides, strides)]
-    pieces = candidate if isinstance(candidate, list) else [candidate]
-    starts_inside = any(isinstance(g, Geometry) and not density.same_sizes((g.offset,), (0,)) for g in pieces)
-    if not (pairs or starts_inside):  # the copy's strides, at its base's start: no reader can tell
+    compared = conversion.view_values.against_traced(node, candidate)
+    if not (compared.restrided or compared.starts_inside):  # the copy's strides, at its base's start: no reader can tell
         return False
-    # the geometry first (cheap), then the compute reading the view, the only thing that can tell
     computing = _computing_readers(node, conversion)
     if not computing:
         return False
-    if any(density.dim_order_of(g.shape, g.strides) != density.dim_order_of(g.shape, strides) for g, strides in pairs):
+    if compared.reordered:
         return True
-    return any(_rounds_otherwise(conversion.view_values.op_of(u), gaps=bool(pairs), starts_inside=starts_inside) for u in computing)
+    op_of = conversion.view_values.op_of
+    return any(_rounds_otherwise(op_of(u), gaps=compared.restrided, starts_inside=compared.starts_inside) for u in computing)
 
 
 def _computing_readers(node: Node, conversion: ViewConversion) -> list[Node]:
@@ -364,7 +353,7 @@ def _has_blocking_user(
         if _mutates(user, op, node):
             return True
         if not policy.careful:
-            if is_view_op(op):
+            if user in ops_of_graph.views:
                 return True
             continue
         if _depends_on_layout(user.target, op):

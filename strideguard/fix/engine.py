@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Callable, Mapping, Optional
 
@@ -39,9 +39,9 @@ from ..compiler.oracle.attention_kernels import laid_out_by_kernel
 from ..compiler.oracle.padded_matmuls import laid_out_by_benchmark
 from ..compiler.backends import backend_rewrites, BackendRewrites
 from ..compiler.oracle.lowering import executorch_view_pass, lower_aten_outputs, lower_edge_outputs, Lowering
-from ..decide.facts import analyze_outputs, OutputFacts
+from ..decide.facts import analyze_outputs, exact_facts, OutputFacts
 from ..decide.pushdown import plan_pushdowns, Pushdown
-from ..decide.revisions import as_asked, break_shared_memory, exact_facts, left_to_backend, left_to_benchmark
+from ..decide.revisions import as_asked, break_shared_memory, left_to_backend, left_to_benchmark
 from ..decide.subject import Subject
 from ..decide.view_conversion import ConversionPolicy, EXECUTORCH, NO_CONVERSION, plan_view_conversion, ViewConversion
 from .passes.detach_copy_to_alias_copy import detach_copy_to_alias_copy
@@ -50,7 +50,7 @@ from .passes.push_pieces_into_producers import push_pieces_into_producers
 from .passes.record_requested_layouts import record_requested_layouts
 from .passes.view_copies_to_views import convert_views
 from ..program.copies import copied_source, copy_form_of, CopyForm, insert_copy
-from ..program.dialect import Dialect, graph_ops, GraphOps
+from ..program.dialect import detach_retargets, Dialect, graph_ops, GraphOps
 from ..program.exported import copy_graph, copy_of_graph, rebuild
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,8 @@ class Plan:
     """The pushdowns applied in ``graph`` (``Pushdowns.APPLIED``; those only described are in ``outputs``)."""
     conversion: ViewConversion
     outputs: tuple[OutputFacts, ...]
+    retargets: Mapping[torch.fx.Node, Any] = field(default_factory=dict)
+    """The ``detach_copy`` nodes that stay copies, and the ``alias_copy`` each becomes (Edge only)."""
 
     @property
     def copies(self) -> tuple[OutputFacts, ...]:
@@ -162,8 +164,11 @@ def make_plan(
         if applied:
             graph = working
     ops_of_graph = grounds.ops if grounds.ops is not None and not applied else graph_ops(graph)
+    detaches = detach_retargets(ops_of_graph, dialect) if dialect.is_edge else {}
     converting = policy if dialect.is_edge else NO_CONVERSION
     conversion = plan_view_conversion(graph, ops_of_graph, converting, accepts=grounds.accepts)
+    # a detach_copy made a view (``alias``) is no longer one
+    retargets = {node: target for node, target in detaches.items() if node not in conversion.targets}
     lowering = grounds.lower(graph) if grounds.lower is not None else None
     rewrites = grounds.rewrites
     facts = analyze_outputs(
@@ -190,7 +195,7 @@ def make_plan(
     if described:
         facts = _with_pushdowns_described(facts, described)
     _log_decisions(facts, applied, lowering, rewrites, choices.copy_outputs)
-    return Plan(subject, choices, graph, applied, conversion, tuple(facts))
+    return Plan(subject, choices, graph, applied, conversion, tuple(facts), retargets)
 
 
 def _log_decisions(facts, applied, lowering, rewrites, copy_outputs: bool) -> None:
@@ -244,8 +249,7 @@ def apply_plan(plan: Plan) -> int:
     changed += len(insert_output_copies(plan.graph, plan.copies, plan.subject.dialect, plan.conversion.view_values.value))
     # recorded in the graph, so that every later judgement of the program reads what was asked
     changed += record_requested_layouts(plan.graph, plan.subject.outputs, plan.subject.requested)
-    if plan.subject.dialect.is_edge:
-        changed += detach_copy_to_alias_copy(plan.graph)
+    changed += detach_copy_to_alias_copy(plan.retargets)
     return changed
 
 

@@ -43,7 +43,7 @@ import torch
 from torch.fx import Node
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from .dialect import aten_op, copy_recipe, Dialect, value_call
+from .dialect import aten_op, copy_recipe, Dialect
 from .fake_values import call_on_fake_values, fresh_like, fresh_strided
 from .naming import node_stem
 from .promises import LAYOUT_TAG
@@ -66,7 +66,7 @@ def copy_form_of(node: Any) -> Optional[str]:
     form = custom.get(COPY_TAG) if isinstance(custom, dict) else None
     if form not in _FORMS:
         return None
-    schema = getattr(aten_op(node.target), "_schema", None)
+    schema = getattr(node.target, "_schema", None)  # an Edge op carries its ATen op's schema
     return form if schema is not None and schema.name.split("::")[-1] in _COPY_OPS else None
 
 
@@ -161,10 +161,13 @@ def _new_node(graph, after: Node, call: tuple[Any, tuple, dict], origin: Node, f
     return node
 
 
-def _give_value(node: Node, origin: Node, value: Callable[[Node], Any], dense_strides: Optional[tuple], elementwise: bool) -> None:
+def _give_value(
+    node: Node, origin: Node, value: Callable[[Node], Any], dense_strides: Optional[tuple], elementwise: bool,
+    computed_as: tuple[Any, dict],
+) -> None:
     """The copy node's fake value (and ``tensor_meta`` where the graph carries those): an involution's is a
     fresh tensor like its input's, a copy's with known dense strides a fresh one with those, any other the
-    op run on its input's value."""
+    ATen call the recipe computes it as (``computed_as``) run on its input's value."""
     after = node.args[0]
     if elementwise:
         node.meta["val"] = fresh_like(after.meta["val"])
@@ -173,7 +176,7 @@ def _give_value(node: Node, origin: Node, value: Callable[[Node], Any], dense_st
     elif dense_strides is not None:
         node.meta["val"] = fresh_strided(after.meta["val"], tuple(after.meta["val"].shape), dense_strides)
     else:
-        op, op_kwargs = value_call(node.target, node.kwargs)
+        op, op_kwargs = computed_as
         node.meta["val"] = call_on_fake_values(op, node, value, op_kwargs)
     if "tensor_meta" in origin.meta and "tensor_meta" not in node.meta:
         node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
@@ -211,5 +214,5 @@ def insert_copy(
         # the copy's and the involutions' values are fresh dense tensors whose strides are known: no dispatch
         last = _new_node(graph, last, (op, (last, *args), op_kwargs), source, form, name)
         dense_strides = recipe.strides if op is recipe.copy and _has_elements(shape) else None
-        _give_value(last, source, value, dense_strides, elementwise=op is recipe.involution)
+        _give_value(last, source, value, dense_strides, op is recipe.involution, recipe.computed_as[step])
     return last

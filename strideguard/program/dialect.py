@@ -89,6 +89,10 @@ class GraphOps:
 
     aten: Mapping[torch.fx.Node, Any]
     twin: Mapping[torch.fx.Node, Any]
+    aten_twin: Mapping[torch.fx.Node, Any]
+    """Each view twin's ATen op (the twin itself in an ATen graph)."""
+    views: frozenset
+    """The nodes that call an ATen view op (their result shares their input's memory)."""
 
     def op(self, node: torch.fx.Node) -> Any:
         """``node``'s ATen op; its own target for a node that calls no function."""
@@ -97,12 +101,16 @@ class GraphOps:
 
 def graph_ops(graph: torch.fx.Graph) -> GraphOps:
     """``graph``'s ops, normalised once (``GraphOps``); ``aten_op`` and ``view_twin`` remember each target."""
-    aten, twin = {}, {}
+    aten, twin, aten_twin, views = {}, {}, {}, set()
     for node in graph.nodes:
         if node.op == "call_function":
             op = aten[node] = aten_op(node.target)
-            twin[node] = view_twin(node.target) if isinstance(op, torch._ops.OpOverload) else None
-    return GraphOps(aten, twin)
+            is_overload = isinstance(op, torch._ops.OpOverload)
+            twin[node] = view_twin(node.target) if is_overload else None
+            aten_twin[node] = aten_op(twin[node]) if twin[node] is not None else None
+            if is_overload and op.is_view:
+                views.add(node)
+    return GraphOps(aten, twin, aten_twin, frozenset(views))
 
 
 def _edge_ops():
@@ -233,6 +241,8 @@ class CopyRecipe:
     """The strides that step's result has (dense in the order it copies into)."""
     involution: Optional[Any]
     """The involution's target as ``dialect`` spells it, where the copy applies one twice."""
+    computed_as: tuple[tuple[Any, dict], ...]
+    """Each step as the ATen call (op, keyword arguments) that gives its value on fake tensors (``value_call``)."""
 
 
 def copy_recipe(
@@ -266,7 +276,8 @@ def copy_recipe(
         permute = permute_call(dialect)
         steps = [(permute, (list(dim_order),), {})] + detour + [(target, (), kwargs)] + dense + [(permute, (inverse,), {})]
         strides = tuple(strides[dim] for dim in dim_order)  # the permuted copy's, contiguous
-    return CopyRecipe(tuple(steps), target, strides, spelled)
+    computed_as = tuple(value_call(step_target, step_kwargs) for step_target, _, step_kwargs in steps)
+    return CopyRecipe(tuple(steps), target, strides, spelled, computed_as)
 
 
 def narrow_call(dialect: Dialect) -> Any:
@@ -314,12 +325,14 @@ def _memory_format(dim_order: tuple[int, ...]) -> torch.memory_format:
     raise ValueError(f"dim order {tuple(dim_order)} has no torch.memory_format")
 
 
-@lru_cache(maxsize=None)
-def detach_replacement(target: Any) -> Optional[Any]:
-    """``alias_copy`` for a ``detach_copy``: Inductor lowers it natively, where
-    ``detach_copy`` has no C shim and needs the proxy executor ExecuTorch lacks."""
-    if aten_op(target) is not torch.ops.aten.detach_copy.default:
-        return None
-    return _edge_ops().aten.alias_copy.default if is_edge_op(target) else torch.ops.aten.alias_copy.default
+def detach_retargets(ops_of_graph: GraphOps, dialect: Dialect) -> dict[torch.fx.Node, Any]:
+    """``alias_copy``, spelled in ``dialect``, for each ``detach_copy`` node (``ops_of_graph``: a graph's
+    ops): Inductor lowers it natively, where ``detach_copy`` has no C shim and needs the proxy executor
+    ExecuTorch lacks."""
+    detaches = [node for node, op in ops_of_graph.aten.items() if op is torch.ops.aten.detach_copy.default]
+    if not detaches:
+        return {}
+    alias_copy = spelled_in(dialect, torch.ops.aten.alias_copy.default)
+    return dict.fromkeys(detaches, alias_copy)
 
 

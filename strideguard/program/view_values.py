@@ -72,6 +72,18 @@ def beside_traced(geometry: Geometries, traced: Any) -> list[tuple[Geometry, tup
     return [(g, tuple(o.stride())) for g, o in zip(new, old) if isinstance(g, Geometry) and isinstance(o, torch.Tensor)]
 
 
+@dataclass(frozen=True)
+class AgainstTraced:
+    """How a view's geometry compares with the copy it was traced as (``ViewValues.against_traced``)."""
+
+    restrided: bool
+    """Some piece has other strides than the copy: gaps, or another order."""
+    reordered: bool
+    """Some piece lays its dimensions out in another order than the copy."""
+    starts_inside: bool
+    """Some piece starts inside its base's memory rather than at its start."""
+
+
 class ViewValues:
     """The values of a graph's nodes when each runs ``op_of(node)``: view copies that became views
     recomputed on their bases, and every view re-linked to its base's memory.
@@ -139,6 +151,38 @@ class ViewValues:
             self._dispatched.add(node)
             return _geometry_of(self.value(node))
         return _geometry_of(node.meta.get("val"))
+
+    def as_view(self, node: Node, view_op: Any) -> Geometries:
+        """The geometry ``node`` (a view copy) would have as ``view_op`` (an ATen op), on its input as these
+        values hold it; ``None`` where it cannot be a view (a ``view_copy`` whose input's strides allow none)."""
+        source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
+        base = self.geometry(source) if source is not None else None
+        if isinstance(base, Geometry) and base.static:
+            found = view_geometry(view_op, base, node.args[1:], node.kwargs)
+            if found is not None:
+                return found
+        try:
+            value = call_on_fake_values(view_op, node, self.value)
+        except RuntimeError:
+            return None
+        return [Geometry.of(v) for v in value] if isinstance(value, (list, tuple)) else Geometry.of(value)
+
+    def against_traced(self, node: Node, geometry: Geometries = None) -> AgainstTraced:
+        """How ``node``'s geometry under these values (or ``geometry``, one it may take) compares with its
+        traced value (``meta["val"]``), the copy it was traced as."""
+        geometry = self.geometry(node) if geometry is None else geometry
+        pairs = [
+            (g, strides) for g, strides in beside_traced(geometry, node.meta.get("val"))
+            if not density.same_sizes(g.strides, strides)
+        ]
+        pieces = geometry if isinstance(geometry, list) else [geometry]
+        return AgainstTraced(
+            restrided=bool(pairs),
+            reordered=any(
+                density.dim_order_of(g.shape, g.strides) != density.dim_order_of(g.shape, strides) for g, strides in pairs
+            ),
+            starts_inside=any(isinstance(g, Geometry) and not density.same_sizes((g.offset,), (0,)) for g in pieces),
+        )
 
     def value(self, node: Node) -> Any:
         """The fake tensor ``node`` holds (views recomputed on their bases)."""

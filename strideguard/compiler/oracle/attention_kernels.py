@@ -41,7 +41,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.experimental.symbolic_shapes import guard_or_true, statically_known_true
 
-from ...program.dialect import aten_op, GraphOps
+from ...program.dialect import GraphOps
 from .fake_device import sdp_priority_order
 from ..targets import Target
 
@@ -72,16 +72,16 @@ class KernelChoice:
         return f"{self.node}: {' or '.join(self.candidates)}" + (f" ({self.undecided})" if self.undecided else "")
 
 
-def _is_sdpa(node: Node) -> bool:
-    return node.op == "call_function" and aten_op(node.target) is aten.scaled_dot_product_attention.default
+def _sdpa_nodes(ops_of_graph: GraphOps) -> list[Node]:
+    return [node for node, op in ops_of_graph.aten.items() if op is aten.scaled_dot_product_attention.default]
 
 
-def choices(graph: torch.fx.Graph, target: Target) -> list[KernelChoice]:
-    """The kernel choice for each SDPA node of ``graph``, lowered for ``target`` (none for a device present:
-    torch asks it itself)."""
+def choices(ops_of_graph: GraphOps, target: Target) -> list[KernelChoice]:
+    """The kernel choice for each SDPA node of a graph (``ops_of_graph``: its ops), lowered for ``target``
+    (none for a device present: torch asks it itself)."""
     if target.kind != "cuda" or target.present:
         return []
-    return [_choice(node, target) for node in graph.nodes if _is_sdpa(node)]
+    return [_choice(node, target) for node in _sdpa_nodes(ops_of_graph)]
 
 
 def laid_out_by_kernel(ops_of_graph: GraphOps, target: Target) -> dict[str, str]:
@@ -89,10 +89,7 @@ def laid_out_by_kernel(ops_of_graph: GraphOps, target: Target) -> dict[str, str]
     for the graph alone (no lowering; ``ops_of_graph``, its ops), every one on CUDA."""
     if target.kind != "cuda":
         return {}
-    return {
-        node.name: f"the attention kernel CUDA picks ({target.sm})"
-        for node, op in ops_of_graph.aten.items() if op is aten.scaled_dot_product_attention.default
-    }
+    return {node.name: f"the attention kernel CUDA picks ({target.sm})" for node in _sdpa_nodes(ops_of_graph)}
 
 
 def scenarios(found: list[KernelChoice]) -> list[dict[str, str]]:
@@ -116,7 +113,7 @@ def with_kernels(module: GraphModule, scenario: dict[str, str], device: torch.de
 
     graph = copy.deepcopy(module.graph)
     for node in list(graph.nodes):
-        if _is_sdpa(node) and node.name in scenario:
+        if node.name in scenario:  # the SDPA nodes' names (``choices``), the same in the copy
             _rewrite(graph, node, scenario[node.name], device)
     rewritten = GraphModule(module, graph)
     for attribute in ("_in_spec", "_out_spec"):

@@ -41,7 +41,7 @@ except ImportError:  # torch 2.11 (a GPU machine's own) has the hook, a plain ca
 from torch._inductor.utils import sympy_product
 
 from ...program import density
-from ...program.dialect import dialect_of
+from ...program.dialect import dialect_of, graph_ops
 from ..targets import CPU, LoweringUnavailable, Target
 
 _HOOK = "_pre_fusion_custom_pass"
@@ -290,7 +290,8 @@ def _lower_holding(module, args, kwargs, inductor_configs, target: Target, fake_
     module, flat = fake_device.on_target(module, target, fake_mode)
     in_spec = getattr(module, "_in_spec", None)
     args, kwargs = torch.utils._pytree.tree_unflatten(list(flat), in_spec) if in_spec is not None else (flat, {})
-    choices = attention_kernels.choices(module.graph, target)
+    ops_of_module = graph_ops(module.graph)
+    choices = attention_kernels.choices(ops_of_module, target)
     options = {**(inductor_configs or {}), **fake_device.OPTIONS}
     chosen = [attention_kernels.with_kernels(module, scenario, target.torch_device)
               for scenario in attention_kernels.scenarios(choices)]
