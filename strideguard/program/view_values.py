@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 
 import torch
 from torch.fx import Node
@@ -72,9 +72,9 @@ def beside_traced(geometry: Geometries, traced: Any) -> list[tuple[Geometry, tup
     return [(g, tuple(o.stride())) for g, o in zip(new, old) if isinstance(g, Geometry) and isinstance(o, torch.Tensor)]
 
 
-@dataclass(frozen=True)
-class AgainstTraced:
-    """How a view's geometry compares with the copy it was traced as (``ViewValues.against_traced``)."""
+class AgainstTraced(NamedTuple):
+    """How a view's geometry compares with the copy it was traced as (``ViewValues.against_traced``): a tuple,
+    built for every view a plan considers (twice as fast to build as a frozen dataclass)."""
 
     restrided: bool
     """Some piece has other strides than the copy: gaps, or another order."""
