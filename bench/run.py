@@ -218,6 +218,22 @@ def summary(core: dict, executorch: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _stored(name: str) -> list[dict]:
+    """The pass-cost rows an earlier run wrote to ``bench/results/<name>`` (none where there is no such file)."""
+    try:
+        return json.loads((RESULTS / name).read_text()).get("pass_cost", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def _merged(stored: list[dict], measured: list[dict], key: tuple[str, ...]) -> list[dict]:
+    """The rows just measured, and each stored row of a size not measured again: a run of some sizes
+    (``--sizes ""``) keeps the others' figures rather than writing empty tables."""
+    remeasured = {tuple(row.get(k) for k in key) for row in measured}
+    kept = [row for row in stored if tuple(row.get(k) for k in key) not in remeasured]
+    return sorted([*kept, *measured], key=lambda row: tuple(row.get(k) for k in key))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1000,10000,50000", help="ATen graph sizes, in nodes")
@@ -230,11 +246,16 @@ def main() -> None:
     core = {
         "machine": machine,
         "torch": torch.__version__,
-        "pass_cost": core_pass_cost([int(s) for s in arguments.sizes.split(",") if s]),
+        "pass_cost": _merged(
+            _stored("core.json"), core_pass_cost([int(s) for s in arguments.sizes.split(",") if s]), ("nodes",)
+        ),
         "policy_call": policy_call_time(arguments.calls, arguments.rounds),
     }
     (RESULTS / "core.json").write_text(json.dumps(core, indent=2))
-    executorch = executorch_pass_cost([int(s) for s in arguments.edge_sizes.split(",") if s])
+    executorch = _merged(
+        _stored("executorch.json"), executorch_pass_cost([int(s) for s in arguments.edge_sizes.split(",") if s]),
+        ("graphs", "nodes"),
+    )
     (RESULTS / "executorch.json").write_text(json.dumps({"machine": machine, "pass_cost": executorch}, indent=2))
     (RESULTS / "summary.md").write_text(summary(core, executorch))
     print((RESULTS / "summary.md").read_text())
