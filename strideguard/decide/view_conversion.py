@@ -179,6 +179,7 @@ def plan_view_conversion(
         if piece.target is operator.getitem and isinstance(piece.args[0], Node):
             pieces_of.setdefault(piece.args[0], []).append(piece)
     converts_more = policy.extra != frozenset()
+    checks_backend_conversions = policy.careful and not policy.stands_in_for_backend
 
     for node in graph.nodes:
         if node.op != "call_function":
@@ -188,12 +189,11 @@ def plan_view_conversion(
             # Converted in preprocess whatever happens here; converting it now too, where the
             # verifier takes the view, keeps the program what the backend will compile.
             view_op = conversion.later[node]
-            checked = policy.careful and not policy.stands_in_for_backend
             if (
                 converts_more
                 and (accepts is None or accepts(view_op))
                 and not _blocks_a_later_conversion(node, conversion)
-                and not (checked and _reorders_for_compute(node, None, conversion))
+                and not (checks_backend_conversions and _reorders_for_compute(node, None, conversion))
             ):
                 conversion.targets[node] = conversion.later.pop(node)
             decided_returned_storages |= storages(pieces)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Callable, Mapping, Optional
 
@@ -126,7 +126,7 @@ class Plan:
     """The pushdowns applied in ``graph`` (``Pushdowns.APPLIED``; those only described are in ``outputs``)."""
     conversion: ViewConversion
     outputs: tuple[OutputFacts, ...]
-    retargets: Mapping[torch.fx.Node, Any] = field(default_factory=dict)
+    retargets: Mapping[torch.fx.Node, Any]
     """The ``detach_copy`` nodes that stay copies, and the ``alias_copy`` each becomes (Edge only)."""
 
     @property

@@ -140,27 +140,30 @@ class ViewValues:
                 if isinstance(pieces, list):
                     return pieces[node.args[1]]
         elif node.op == "call_function" and self.is_recomputed(node) and node.args and isinstance(node.args[0], Node):
-            base = self.geometry(node.args[0])
-            if isinstance(base, Geometry) and base.static:
-                op = aten_op(self.op_of(node))
-                found = view_geometry(op, base, node.args[1:], node.kwargs)
-                if isinstance(found, Geometry):
-                    self._by_arithmetic.add(node)
-                if found is not None:
-                    return found
+            found = self._by_stride_arithmetic(node, aten_op(self.op_of(node)))
+            if isinstance(found, Geometry):
+                self._by_arithmetic.add(node)
+            if found is not None:
+                return found
             self._dispatched.add(node)
             return _geometry_of(self.value(node))
         return _geometry_of(node.meta.get("val"))
 
-    def as_view(self, node: Node, view_op: Any) -> Geometries:
-        """The geometry ``node`` (a view copy) would have as ``view_op`` (an ATen op), on its input as these
-        values hold it; ``None`` where it cannot be a view (a ``view_copy`` whose input's strides allow none)."""
+    def _by_stride_arithmetic(self, node: Node, view_op: Any) -> Geometries:
+        """The geometry ``view_op`` (an ATen view op) gives ``node`` on its input as these values hold it, by
+        stride arithmetic; ``None`` where that cannot tell (a symbolic input, an op it does not know)."""
         source = node.args[0] if node.args and isinstance(node.args[0], Node) else None
         base = self.geometry(source) if source is not None else None
         if isinstance(base, Geometry) and base.static:
-            found = view_geometry(view_op, base, node.args[1:], node.kwargs)
-            if found is not None:
-                return found
+            return view_geometry(view_op, base, node.args[1:], node.kwargs)
+        return None
+
+    def as_view(self, node: Node, view_op: Any) -> Geometries:
+        """The geometry ``node`` (a view copy) would have as ``view_op`` (an ATen op), on its input as these
+        values hold it; ``None`` where it cannot be a view (a ``view_copy`` whose input's strides allow none)."""
+        found = self._by_stride_arithmetic(node, view_op)
+        if found is not None:
+            return found
         try:
             value = call_on_fake_values(view_op, node, self.value)
         except RuntimeError:
